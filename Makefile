@@ -1,0 +1,34 @@
+# foxhunt: `make run` trains on the embedded synthetic market; `make test` runs the test suite.
+# Both build .venv from nothing on a fresh machine (python3 -m venv + editable installs of the
+# core and of every distribution under plugins/).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+
+SEED   ?= 0
+DEVICE ?= auto
+FLAGS  ?= flags/stage-00-baseline.yaml
+OUT    ?= runs/stage-00-seed-$(SEED)
+STEPS  ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test install clean
+
+$(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGIN_DIRS))
+	touch $@
+
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/foxhunt train --flags $(FLAGS) --out $(OUT) --seed $(SEED) --device $(DEVICE) $(if $(STEPS),--steps $(STEPS))
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

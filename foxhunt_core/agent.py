@@ -1,0 +1,175 @@
+"""The built step for one flag set: network, Q pipeline, parameters, target network, optimizer.
+
+:class:`Agent` asks the hot-path hooks for their stages once, at construction, and then runs
+them directly in :meth:`Agent.act_values` (collection and evaluation) and :meth:`Agent.update`
+(one gradient step). The update reads as the algorithm:
+
+1. online forward on ``s`` (kept for backward) and the Q pipeline on it;
+2. double-DQN bootstrap: online coordinated Q at ``s'`` picks ``a*_d`` in each branch, the
+   target network's distribution of ``a*_d`` is projected through ``r + gamma (1 - terminal) z``
+   (see :mod:`foxhunt_core.c51` for the target across branches);
+3. C51 loss ``CE - entropy_coeff * H`` on the taken actions -> network gradients;
+4. auxiliary loss ``aux_weight * mean (Qc(s, a_d) - E[m_d])^2`` -> attention and post-attention
+   gradients (stopped at the raw Q);
+5. Adam with global-norm clipping over the whole tree (core and plugin parameters).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import attention, c51
+from .config import RunSettings
+from .net import BranchingC51, NetOutput
+from .optim import Adam
+from .plugins import PluginSet
+from .qpipe import QOut, QPipeline, branch_argmax, q_statistics
+from .stages import BuildContext
+
+Array = Any
+Tree = dict[str, dict[str, Any]]
+
+
+def tree_to(xp: Any, tree: Tree, dtype: Any) -> Tree:
+    return {o: {k: xp.ascontiguousarray(xp.asarray(v, dtype=dtype)) for k, v in s.items()} for o, s in tree.items()}
+
+
+def tree_copy(tree: Tree) -> Tree:
+    return {o: {k: v.copy() for k, v in s.items()} for o, s in tree.items()}
+
+
+def merge_grads(a: Tree, b: Tree) -> Tree:
+    out = {o: dict(s) for o, s in a.items()}
+    for o, s in b.items():
+        for k, v in s.items():
+            dst = out.setdefault(o, {})
+            dst[k] = dst[k] + v if k in dst else v
+    return out
+
+
+class Agent:
+    """Everything that changes per flag set and is differentiated."""
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        plugins: PluginSet,
+        xp: Any,
+        rng: np.random.Generator,
+        options: dict[str, Any] | None = None,
+        dtype: Any = np.float32,
+    ) -> None:
+        self.settings = settings
+        self.xp = xp
+        self.dtype = dtype
+        ctx = BuildContext(settings=settings, xp=xp, options=options or {})
+        self.stage_owners: dict[str, list[str]] = {}
+        gate = self._one(plugins, "gate_activation", ctx)
+        branch_inputs = self._many(plugins, "branch_inputs", ctx)
+        pre = self._many(plugins, "pre_attention", ctx)
+        post = self._many(plugins, "post_attention", ctx)
+        select = self._one(plugins, "action_select", ctx)
+        self.net = BranchingC51(settings.net, gate=gate, branch_inputs=branch_inputs)
+        self.qpipe = QPipeline(pre=pre, post=post, select=select)
+        self.offsets = self.net.offsets
+        self.num_branches = len(self.net.sizes)
+
+        tree = self.net.init_params(rng, dtype=np.float64)
+        tree["core"].update(attention.init_params(self.net.num_actions, settings.net.attn_dim, rng))
+        for st in post:
+            p = st.init_params(rng)
+            if p:
+                tree[st.name] = p
+        self.online: Tree = tree_to(xp, tree, dtype)
+        self.target: Tree = tree_copy(self.online)
+        t = settings.train
+        self.opt = Adam(self.online, t.lr, tuple(t.adam_betas), t.adam_eps, t.grad_clip)
+        self.z = c51.support(settings.net.v_min, settings.net.v_max, settings.net.num_atoms, xp, dtype)
+
+    def _one(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> Any:
+        res = plugins.ordered(hook, ctx=ctx)
+        if res:
+            self.stage_owners[hook] = [res[0][0]]
+            return res[0][1]
+        return None
+
+    def _many(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> list[Any]:
+        res = plugins.ordered(hook, ctx=ctx)
+        self.stage_owners[hook] = [n for n, _ in res]
+        return [st for _, st in res]
+
+    # ------------------------------------------------------------------ acting
+    def act_values(self, obs: Array, iqn_readiness: float, params: Tree | None = None) -> Array:
+        """Selection values [B, A] for observations [B, S] (no caches kept)."""
+        params = self.online if params is None else params
+        out = self.net.forward(params, obs)
+        q = self.qpipe.forward(params, out.probs, self.z)
+        return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness)
+
+    def greedy(self, obs: Array, iqn_readiness: float = 1.0) -> Array:
+        return branch_argmax(self.act_values(obs, iqn_readiness), self.offsets)
+
+    # ------------------------------------------------------------------ learning
+    def targets(self, batch: dict[str, Array]) -> Array:
+        """Projected C51 targets [B, num_branches, N] for a batch (see :mod:`foxhunt_core.c51`)."""
+        xp = self.xp
+        nxt = batch["next_obs"]
+        sel = self.qpipe.forward(self.online, self.net.forward(self.online, nxt).probs, self.z)
+        a_star = branch_argmax(sel.q_coord, self.offsets)  # [B, D]
+        tgt_probs = self.net.forward(self.target, nxt).probs  # [B, A, N]
+        idx = a_star + xp.asarray(self.offsets[:-1])[None, :]
+        p_next = xp.take_along_axis(tgt_probs, idx[:, :, None], axis=1)  # [B, D, N]
+        B, D, N = p_next.shape
+        disc = self.settings.train.gamma * (1.0 - batch["terminal"])
+        m = c51.project(
+            p_next.reshape(B * D, N),
+            xp.repeat(batch["reward"], D),
+            xp.repeat(disc.astype(self.dtype), D),
+            self.z,
+        )
+        return m.reshape(B, D, N)
+
+    def loss_and_grads(
+        self, batch: dict[str, Array], entropy_coeff: float
+    ) -> tuple[Tree, dict[str, Array], NetOutput, QOut]:
+        """Gradients of the full objective; returns ``(grads, scalars, net_out, q_out)``."""
+        xp = self.xp
+        t = self.settings.train
+        obs, act = batch["obs"], batch["action"]
+        B = obs.shape[0]
+        m = self.targets(batch)
+        out = self.net.forward(self.online, obs, keep_cache=True)
+        idx = act + xp.asarray(self.offsets[:-1])[None, :]  # taken action per branch, [B, D]
+        logp = xp.take_along_axis(out.log_probs, idx[:, :, None], axis=1)  # [B, D, N]
+        D = idx.shape[1]
+        loss, dl, ent = c51.loss_and_grad(logp, m, entropy_coeff)
+        dlogits = xp.zeros_like(out.logits)
+        xp.put_along_axis(dlogits, idx[:, :, None], dl / (B * D), axis=1)
+        grads = self.net.backward(self.online, out, dlogits)
+
+        q = self.qpipe.forward(self.online, out.probs, self.z, keep_cache=True)
+        y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
+        qc_taken = xp.take_along_axis(q.q_coord, idx, axis=1)
+        err = qc_taken - y
+        aux = t.aux_weight * (err * err).mean()
+        dq = xp.zeros_like(q.q_coord)
+        xp.put_along_axis(dq, idx, 2.0 * t.aux_weight * err / (B * D), axis=1)
+        grads = merge_grads(grads, self.qpipe.backward(self.online, q, dq))
+        scalars = {"loss": loss.mean(), "aux_loss": aux, "entropy": ent.mean()}
+        return grads, scalars, out, q
+
+    def update(self, batch: dict[str, Array], entropy_coeff: float) -> tuple[dict[str, Array], NetOutput, QOut]:
+        """One gradient step. Scalars stay on the device (no host sync) until read."""
+        grads, scalars, out, q = self.loss_and_grads(batch, entropy_coeff)
+        scalars["grad_norm"] = self.opt.step(self.online, grads)
+        return scalars, out, q
+
+    def statistics(self, out: NetOutput, q: QOut) -> dict[str, float]:
+        return q_statistics(q, out.probs, self.offsets, self.settings.train.utilization_threshold)
+
+    def sync_target(self) -> None:
+        for o, sub in self.online.items():
+            for k, v in sub.items():
+                self.target[o][k][...] = v

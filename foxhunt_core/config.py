@@ -1,0 +1,104 @@
+"""Run settings: every knob of a run, as pydantic models with a description per field.
+
+A flag file's ``run:`` block overrides fields of :class:`RunSettings`; the plugin framework adds
+one options model per installed plugin beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MarketSettings(_Strict):
+    """The embedded synthetic limit-order-book market."""
+
+    bars: int = Field(60_000, ge=2_000, description="Number of bars (time steps) to simulate.")
+    seed: int = Field(7, description="Seed of the market simulation (independent of the run seed).")
+    train_fraction: float = Field(0.7, gt=0.1, lt=0.95, description="Leading share of bars for training.")
+    val_fraction: float = Field(0.1, ge=0.0, lt=0.5, description="Share of bars after training for validation; the rest is test.")
+    tick_size: float = Field(0.01, gt=0, description="Price tick.")
+    start_price: float = Field(100.0, gt=0, description="Initial mid price.")
+    ofi_impact: float = Field(0.6, gt=0, description="Price impact per unit of depth-normalized order-flow imbalance, in ticks (Cont-Kukanov-Stoikov linear model).")
+    ofi_persistence: float = Field(0.7, ge=0, lt=1, description="AR(1) coefficient of the latent order-flow imbalance.")
+    noise_ticks: float = Field(0.8, ge=0, description="Standard deviation of the non-order-flow mid noise, in ticks.")
+    regime_switch_prob: float = Field(0.002, ge=0, le=0.5, description="Per-bar probability of leaving the current regime.")
+
+
+class EnvSettings(_Strict):
+    """The vectorized trading environment (see foxhunt_core.env)."""
+
+    num_envs: int = Field(64, ge=1, description="Parallel episodes in collection.")
+    episode_len: int = Field(256, ge=8, description="Bars per training episode.")
+    position_sizes: tuple[float, float, float] = Field((0.25, 0.5, 1.0), description="Position size of each magnitude action, as a fraction of max notional.")
+    urgency_bars: tuple[int, int, int] = Field((1, 4, 16), description="How many bars a limit order of each urgency action may wait before it is cancelled.")
+    taker_fee_bps: float = Field(0.5, ge=0, description="Fee on market-order notional, basis points.")
+    maker_fee_bps: float = Field(-0.1, description="Fee on filled limit-order notional, basis points (negative: rebate).")
+    reward_scale_bps: float = Field(1.0, gt=0, description="Rewards are PnL in basis points of max notional divided by this.")
+    fill_base_rate: float = Field(0.6, ge=0, le=1, description="Limit fill probability scale at touch when trades arrive at the normal rate.")
+
+
+class NetSettings(_Strict):
+    """Shapes of the branching dueling C51 network."""
+
+    state_dim: int = Field(50, description="Input width (the feature schema's size).")
+    shared_h1: int = Field(256, ge=4, description="First trunk layer width.")
+    shared_h2: int = Field(256, ge=4, description="Second trunk layer width (and VSN width).")
+    adv_h: int = Field(256, ge=4, description="Width of each advantage branch's GLU layer.")
+    num_atoms: int = Field(51, ge=3, description="C51 atoms per distribution.")
+    v_min: float = Field(-10.0, description="Lowest atom of the return support.")
+    v_max: float = Field(10.0, description="Highest atom of the return support.")
+    branch_sizes: tuple[int, int, int, int] = Field((3, 3, 3, 3), description="Actions per branch: direction, magnitude, order, urgency.")
+    attn_dim: int = Field(8, ge=1, description="Key/query width of the cross-branch Q attention.")
+    init_scale: float = Field(1.0, gt=0, description="Multiplier on the default (He/Glorot) weight initialization.")
+
+    @model_validator(mode="after")
+    def _support(self) -> NetSettings:
+        if not self.v_min < self.v_max:
+            raise ValueError("v_min must be below v_max")
+        return self
+
+
+class TrainSettings(_Strict):
+    """The optimisation loop."""
+
+    steps: int = Field(3_000, ge=1, description="Gradient updates in the run.")
+    batch_size: int = Field(128, ge=2, description="Transitions per update.")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="Adam beta1, beta2.")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    grad_clip: float = Field(10.0, gt=0, description="Global L2 norm at which gradients are clipped.")
+    gamma: float = Field(0.9, ge=0, lt=1, description="Discount factor.")
+    target_sync_every: int = Field(250, ge=1, description="Updates between target-network syncs.")
+    entropy_coeff: float = Field(0.001, ge=0, description="Base coefficient of the -H(p) term of the C51 loss.")
+    aux_weight: float = Field(1.0, ge=0, description="Weight of the coordinated-Q regression loss that trains attention and post-attention stages.")
+    replay_capacity: int = Field(100_000, ge=64, description="Transitions kept in the replay buffer.")
+    warmup_steps: int = Field(1_000, ge=0, description="Transitions collected with a random policy before the first update.")
+    collect_per_update: int = Field(1, ge=1, description="Environment steps (of all parallel envs) per gradient update.")
+    stats_every: int = Field(50, ge=1, description="Updates between Q-statistics records (and liquid-tau steps).")
+    tau: float = Field(1.0, gt=0, description="Base Boltzmann temperature; per branch it is tau * liquid_mod[d].")
+    tau_min: float = Field(0.05, gt=0, description="Floor of the annealed temperature.")
+    tau_decay_fraction: float = Field(0.6, gt=0, le=1, description="Share of training over which the temperature anneals from tau to tau_min.")
+    liquid_init: float = Field(1.5, ge=0.1, le=2.0, description="Initial liquid_mod of every branch.")
+    liquid_dt: float = Field(0.05, gt=0, description="ODE time advanced per liquid-tau step (one stats interval).")
+    liquid_tau_min: float = Field(0.01, gt=0, description="Smallest ODE time constant.")
+    liquid_tau_max: float = Field(1.0, gt=0, description="Largest ODE time constant.")
+    iqn_ramp_fraction: float = Field(0.5, gt=0, le=1, description="Share of training over which iqn_readiness ramps from 0 to 1.")
+    utilization_threshold: float = Field(0.1, gt=0, lt=1, description="An atom counts as used in a distribution when its probability is at least this / num_atoms.")
+    checkpoint_every: int = Field(1_000, ge=1, description="Updates between checkpoints.")
+
+
+class RunSettings(_Strict):
+    """Everything a run needs besides the plugin set."""
+
+    seed: int = Field(0, description="Seed of initialisation, exploration, replay sampling and episode starts.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Array backend: NumPy on cpu, CuPy on cuda; auto picks cuda when available.")
+    market: MarketSettings = Field(default_factory=MarketSettings)
+    env: EnvSettings = Field(default_factory=EnvSettings)
+    net: NetSettings = Field(default_factory=NetSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)

@@ -1,0 +1,132 @@
+"""Every hook of foxhunt, typed and documented, in one place (pluggy project ``"foxhunt"``).
+
+Two kinds of hooks:
+
+* **hot-path hooks** (``pre_attention``, ``post_attention``, ``gate_activation``,
+  ``action_select``, ``branch_inputs``) are called once, when the engine *builds* its step for a
+  flag set, and return stage objects (:mod:`foxhunt_core.stages`). The step runs those objects
+  directly; nothing is dispatched per step, so the step can be captured as a CUDA graph.
+  Where several plugins answer, the engine orders their stages by the plugins' rollout position
+  (never by pluggy's registration order).
+* **interval hooks** (``q_stats``, ``tau_update``, ``entropy_coefficient``) run on the host once
+  per Q-statistics interval (``train.stats_every`` updates).
+
+Plugins keep their state on :class:`RunContext` (``ctx.stash[plugin_name]``), never in module
+globals; the stash is saved in checkpoints, so it must hold JSON-serialisable values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pluggy
+
+from .stages import (
+    ActionSelectStage,
+    BranchInputStage,
+    BuildContext,
+    GateActivation,
+    PostAttentionStage,
+    PreAttentionStage,
+)
+
+PROJECT = "foxhunt"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@dataclass
+class RunContext:
+    """What interval hooks see: the run's counters and the plugins' own state."""
+
+    step: int
+    total_steps: int
+    iqn_readiness: float
+    base_entropy_coeff: float
+    entropy_coeff: float
+    stash: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_stats: dict[str, float] = field(default_factory=dict)
+
+    def state_of(self, plugin: str) -> dict[str, Any]:
+        """The plugin's own (checkpointed, JSON-serialisable) state dict, created on first use."""
+        return self.stash.setdefault(plugin, {})
+
+
+# ----------------------------------------------------------------------------- hot path
+@hookspec
+def pre_attention(ctx: BuildContext) -> PreAttentionStage | None:
+    """Return a stage that transforms expected Q [B, A] before the cross-branch attention.
+
+    Runs after the raw expected Q is computed (the raw Q-mean drift is read before it) and
+    before attention, in plugin order. Not differentiated. Used by: Q-mean centering.
+    """
+
+
+@hookspec
+def post_attention(ctx: BuildContext) -> PostAttentionStage | None:
+    """Return a differentiable stage applied to coordinated Q [B, A] after attention.
+
+    Stages run in plugin order; their parameters are trained by the auxiliary coordinated-Q
+    loss. Used by: graph message passing, then diffusion refinement.
+    """
+
+
+@hookspec(firstresult=True)
+def gate_activation(ctx: BuildContext) -> GateActivation | None:
+    """Return the gate that replaces the sigmoid inside every branch's GLU (first result wins).
+
+    The stage provides forward, backward and its own parameters (one set per branch). Used by:
+    KAN spline gate.
+    """
+
+
+@hookspec(firstresult=True)
+def action_select(ctx: BuildContext) -> ActionSelectStage | None:
+    """Return the stage that supplies the values actions are chosen by (first result wins).
+
+    Without it, collection (Boltzmann) and evaluation (greedy) use coordinated Q. Used by:
+    quantile Q-select.
+    """
+
+
+@hookspec
+def branch_inputs(ctx: BuildContext) -> BranchInputStage | None:
+    """Return a stage that widens some branches' inputs with columns from the observation.
+
+    The engine widens those branches' GLU layers accordingly. Used by: TLOB / OFI injection.
+    """
+
+
+# ----------------------------------------------------------------------------- intervals
+@hookspec
+def q_stats(ctx: RunContext, record: dict[str, float]) -> None:
+    """Receive every Q-statistics record (see :func:`foxhunt_core.qpipe.q_statistics`).
+
+    All implementations are called. ``record`` also holds ``step`` and ``raw_q_drift``. Used
+    by: xLSTM context, atom-utilization EMA.
+    """
+
+
+@hookspec(firstresult=True)
+def tau_update(ctx: RunContext, mod: np.ndarray, tau: np.ndarray, dt: float) -> np.ndarray | None:
+    """Advance ``liquid_mod`` [num_branches] over ``dt`` with time constants ``tau``.
+
+    Return the new ``liquid_mod`` (first result wins); ``None`` keeps the core's exact step
+    ``1 - (1 - mod) exp(-dt / tau)``. The core clamps the result to [0.1, 2]. Used by: RK4
+    adaptive step.
+    """
+
+
+@hookspec(firstresult=True)
+def entropy_coefficient(ctx: RunContext, base: float) -> float | None:
+    """Return the loss's entropy coefficient for the next interval (first result wins).
+
+    ``None`` keeps ``base``. Called after ``q_stats``. Used by: adaptive atom entropy.
+    """
+
+
+HOT_PATH_HOOKS = ("pre_attention", "post_attention", "gate_activation", "action_select", "branch_inputs")
+INTERVAL_HOOKS = ("q_stats", "tau_update", "entropy_coefficient")
+ALL_HOOKS = HOT_PATH_HOOKS + INTERVAL_HOOKS

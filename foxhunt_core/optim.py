@@ -1,0 +1,79 @@
+"""Adam (Kingma & Ba, 2015) with global-norm gradient clipping over a parameter tree.
+
+The tree is ``{owner: {name: array}}`` — the core's parameters and each plugin's. Updates are
+in place, so stages and the network keep referring to the same arrays. The optimizer's moments
+live in a tree of the same shape and are saved in checkpoints beside the parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .net.layers import _xp
+
+Tree = dict[str, dict[str, Any]]
+
+
+def tree_map(fn, *trees: Tree) -> Tree:
+    return {o: {k: fn(*(t[o][k] for t in trees)) for k in trees[0][o]} for o in trees[0]}
+
+
+def global_norm(grads: Tree) -> float:
+    total = 0.0
+    for sub in grads.values():
+        for g in sub.values():
+            total += float((g * g).sum())
+    return float(np.sqrt(total))
+
+
+class Adam:
+    """Adam with bias correction; ``step`` clips the global gradient norm first."""
+
+    def __init__(
+        self,
+        params: Tree,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        clip_norm: float | None = None,
+    ) -> None:
+        self.lr, self.b1, self.b2, self.eps, self.clip_norm = lr, betas[0], betas[1], eps, clip_norm
+        self.m = tree_map(lambda p: _xp(p).zeros_like(p), params)
+        self.v = tree_map(lambda p: _xp(p).zeros_like(p), params)
+        self.t = 0
+
+    def step(self, params: Tree, grads: Tree) -> float:
+        """Apply one update in place; returns the gradient norm before clipping."""
+        norm = global_norm(grads)
+        scale = 1.0
+        if self.clip_norm is not None and norm > self.clip_norm:
+            scale = self.clip_norm / (norm + 1e-12)
+        self.t += 1
+        c1 = 1.0 - self.b1**self.t
+        c2 = 1.0 - self.b2**self.t
+        for owner, sub in params.items():
+            gsub = grads.get(owner, {})
+            for name, p in sub.items():
+                g = gsub.get(name)
+                if g is None:
+                    continue
+                g = g * scale
+                m, v = self.m[owner][name], self.v[owner][name]
+                m *= self.b1
+                m += (1.0 - self.b1) * g
+                v *= self.b2
+                v += (1.0 - self.b2) * (g * g)
+                p -= (self.lr / c1) * m / (_xp(p).sqrt(v / c2) + self.eps)
+        return norm
+
+    def state_tree(self) -> dict[str, Tree]:
+        return {"m": self.m, "v": self.v}
+
+    def load_state(self, m: Tree, v: Tree, t: int) -> None:
+        for owner in self.m:
+            for k in self.m[owner]:
+                self.m[owner][k][...] = m[owner][k]
+                self.v[owner][k][...] = v[owner][k]
+        self.t = int(t)

@@ -1,0 +1,135 @@
+"""Stage objects: what hot-path hooks return when the engine builds its step.
+
+A hot-path hook is called once, when the engine builds the training and collection step for a
+flag set. It returns a stage object; the step then calls the stage's methods directly — no hook
+dispatch per step — so the whole step is a fixed sequence of array operations (and, on the GPU,
+can be captured as a CUDA graph).
+
+Parameters are passed in, never stored on the stage: the engine keeps one parameter tree for the
+online network and one for the target network, ``{"core": {...}, "<plugin>": {...}}``, and hands a
+stage its own sub-dict. The stage's ``init_params`` says what that sub-dict holds; the engine
+checkpoints it under the plugin's name and the optimizer updates it.
+
+``xp`` is the array module (NumPy or CuPy) and ``cache`` is whatever the stage's forward needs to
+keep for its backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .config import RunSettings
+from .market import schema
+
+Array = Any
+Params = dict[str, Array]
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a hot-path hook sees when the engine builds its step."""
+
+    settings: RunSettings
+    xp: Any
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Validated options of every enabled plugin, by plugin name (a pydantic model or dict)."""
+
+    @property
+    def branch_sizes(self) -> tuple[int, ...]:
+        return tuple(self.settings.net.branch_sizes)
+
+    @property
+    def num_actions(self) -> int:
+        return int(sum(self.settings.net.branch_sizes))
+
+    @property
+    def num_atoms(self) -> int:
+        return self.settings.net.num_atoms
+
+    @property
+    def feature_index(self) -> Mapping[str, int]:
+        return schema.INDEX
+
+    def options_for(self, plugin: str) -> Any:
+        return self.options.get(plugin)
+
+
+@runtime_checkable
+class GateActivation(Protocol):
+    """Replaces the sigmoid inside each branch's GLU: ``h = gate(pre) * value``."""
+
+    name: str
+
+    def init_params(self, widths: tuple[int, ...], rng: np.random.Generator) -> Params:
+        """Parameters for all branches (``widths[d]`` gate units in branch ``d``)."""
+
+    def forward(self, xp: Any, params: Params, branch: int, pre: Array) -> tuple[Array, Any]:
+        """Gate values from pre-activations ``pre`` [B, width]; returns ``(gate, cache)``."""
+
+    def backward(
+        self, xp: Any, params: Params, branch: int, cache: Any, dgate: Array
+    ) -> tuple[Array, Params]:
+        """``(dpre, grads)`` where ``grads`` has the keys of ``params`` this branch touches."""
+
+
+@runtime_checkable
+class BranchInputStage(Protocol):
+    """Widens the input of some branches with extra columns computed from the observation."""
+
+    name: str
+    branches: tuple[int, ...]
+    width: int
+
+    def init_params(self, rng: np.random.Generator) -> Params: ...
+
+    def forward(self, xp: Any, params: Params, obs: Array) -> tuple[Array, Any]:
+        """Extra columns [B, width] from the observation [B, state_dim]; ``(cols, cache)``."""
+
+    def backward(self, xp: Any, params: Params, cache: Any, dcols: Array) -> Params:
+        """Parameter gradients from the gradient of the columns (summed over branches)."""
+
+
+@runtime_checkable
+class PreAttentionStage(Protocol):
+    """Transforms expected Q [B, A] before the cross-branch attention. Not differentiated."""
+
+    name: str
+
+    def forward(self, xp: Any, q: Array) -> Array: ...
+
+
+@runtime_checkable
+class PostAttentionStage(Protocol):
+    """Transforms coordinated Q [B, A] after attention; trained by the auxiliary Q loss."""
+
+    name: str
+
+    def init_params(self, rng: np.random.Generator) -> Params: ...
+
+    def forward(self, xp: Any, params: Params, q: Array) -> tuple[Array, Any]: ...
+
+    def backward(self, xp: Any, params: Params, cache: Any, dq: Array) -> tuple[Array, Params]: ...
+
+
+@dataclass(frozen=True)
+class SelectInputs:
+    """What an action-select stage may read."""
+
+    probs: Array  # [B, A, num_atoms] atom distributions
+    support: Array  # [num_atoms]
+    q_raw: Array  # [B, A] expected Q before pre-attention stages
+    q_coordinated: Array  # [B, A]
+    iqn_readiness: float
+
+
+@runtime_checkable
+class ActionSelectStage(Protocol):
+    """Supplies the values [B, A] that Boltzmann (collection) and greedy (evaluation) choose by."""
+
+    name: str
+
+    def select_values(self, xp: Any, inputs: SelectInputs) -> Array: ...
