@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
 
 from foxhunt_core.agent import Agent
 from foxhunt_core.config import NetSettings, RunSettings, TrainSettings
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.testing import check_tree_gradients
-from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
 
 
 def _settings(**train):
@@ -74,7 +74,8 @@ def test_update_trains_plugin_parameters_and_target_sync():
     agent = Agent(_settings(lr=1e-2), _plugins(["affine_post", "tanh_gate", "ofi_column"]), np, rng)
     before = {o: {k: v.copy() for k, v in s.items()} for o, s in agent.online.items()}
     for _ in range(3):
-        agent.update({k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in _batch(rng, 16).items()}, 0.01)
+        batch = {k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in _batch(rng, 16).items()}
+        agent.update(batch, 0.01)
     for owner in ("affine_post", "tanh_gate", "ofi_column"):
         moved = any(not np.array_equal(before[owner][k], v) for k, v in agent.online[owner].items())
         assert moved, f"{owner} parameters were not updated"

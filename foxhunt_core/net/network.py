@@ -206,7 +206,7 @@ class BranchingC51:
         xp = L._xp(dlogits)
         p = params["core"]
         gp = params.get(self.gate.name, {})
-        B, N, H2 = dlogits.shape[0], self.num_atoms, self.settings.shared_h2
+        B, H2 = dlogits.shape[0], self.settings.shared_h2
         g: dict[str, Array] = {}
         ggate: Params = {}
         gextra = [None] * len(self.branch_inputs)

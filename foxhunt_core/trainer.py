@@ -1,0 +1,299 @@
+"""The training run: collection, updates, Q-statistics, checkpoints, evaluation.
+
+A run directory holds::
+
+    run.json          settings, flag file text and hash, plugin set (written at start)
+    checkpoint.safetensors   the latest checkpoint (atomic), see foxhunt_core.checkpoint
+    metrics.json      Q-statistics and training scalars every stats interval (atomic)
+    log.jsonl         structlog JSON event log
+    eval.json         evaluation table on the held-out (test) split (atomic)
+
+Randomness comes from four generators spawned from the run seed (initialisation, environment,
+replay sampling, exploration); all their states are in the checkpoint, so a run trained in
+pieces with ``resume`` ends with exactly the parameters of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__, backend
+from .agent import Agent
+from .checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    flatten,
+    load_checkpoint,
+    save_checkpoint,
+    unflatten,
+)
+from .config import RunSettings
+from .env import TradingEnv
+from .evaluate import baseline_policies, evaluate
+from .explore import LiquidTau, annealed_tau, boltzmann_select, iqn_readiness
+from .hookspecs import RunContext
+from .logs import RunLog, Stopwatch, jsonable
+from .market import simulate, split_by_time
+from .plugins import PluginSet
+from .replay import ReplayBuffer
+
+CHECKPOINT = "checkpoint.safetensors"
+EVAL_COLUMNS = ("total_return", "sharpe", "max_drawdown", "turnover")
+
+
+def _gen_state(g: np.random.Generator) -> dict[str, Any]:
+    return g.bit_generator.state
+
+
+def _set_gen_state(g: np.random.Generator, s: dict[str, Any]) -> None:
+    g.bit_generator.state = s
+
+
+class Trainer:
+    """One run: build everything from settings and a plugin set, then ``train`` / ``evaluate``."""
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        plugins: PluginSet | None = None,
+        out_dir: Path | str | None = None,
+        flags_text: str = "",
+        flags_sha256: str = "",
+        options: dict[str, Any] | None = None,
+        console: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.plugins = plugins or PluginSet()
+        self.options = options or {}
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.flags_text, self.flags_sha256 = flags_text, flags_sha256
+        self.xp, self.device = backend.select(settings.device)
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.log = RunLog(self.out_dir / "log.jsonl" if self.out_dir else None, console=console)
+
+        ss = np.random.SeedSequence(settings.seed)
+        g_init, g_env, g_replay, g_explore = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(4))
+        self.rng_env, self.rng_replay, self.rng_explore = g_env, g_replay, g_explore
+
+        m = settings.market
+        self.market = simulate(m)
+        self.splits = split_by_time(self.market, m.train_fraction, m.val_fraction)
+        self.env = TradingEnv(self.splits.train, settings.env, g_env)
+        self.agent = Agent(settings, self.plugins, self.xp, g_init, options=self.options)
+        nb = self.agent.num_branches
+        self.replay = ReplayBuffer(settings.train.replay_capacity, settings.net.state_dim, nb, self.xp)
+        t = settings.train
+        self.liquid = LiquidTau(nb, t.liquid_init, t.liquid_tau_min, t.liquid_tau_max, t.liquid_dt)
+        self.ctx = RunContext(
+            step=0, total_steps=t.steps, iqn_readiness=0.0,
+            base_entropy_coeff=t.entropy_coeff, entropy_coeff=t.entropy_coeff,
+        )
+        self.step = 0
+        self.env_steps = 0
+        self.first_raw_q_mean: float | None = None
+        self.history: list[dict[str, float]] = []
+        self.train_seconds = 0.0
+        self.obs, _ = self.env.reset()
+
+    # ------------------------------------------------------------------ acting
+    def _act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
+        xp, t = self.xp, self.settings.train
+        readiness = iqn_readiness(self.step, t.steps, t.iqn_ramp_fraction)
+        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), readiness)
+        if not explore:
+            from .qpipe import branch_argmax
+
+            return backend.to_numpy(branch_argmax(values, self.agent.offsets))
+        tau = annealed_tau(self.step, t.steps, t.tau, t.tau_min, t.tau_decay_fraction)
+        temps = xp.asarray(tau * self.liquid.mod, dtype=xp.float32)
+        u = xp.asarray(self.rng_explore.random((obs.shape[0], self.agent.num_branches)), dtype=xp.float32)
+        return backend.to_numpy(boltzmann_select(values, self.agent.offsets, temps, u))
+
+    def _random_actions(self, n: int) -> np.ndarray:
+        sizes = np.asarray(self.settings.net.branch_sizes)
+        return (self.rng_explore.random((n, len(sizes))) * sizes).astype(np.int64)
+
+    def _collect(self, random: bool) -> None:
+        obs = self.obs
+        actions = self._random_actions(obs.shape[0]) if random else self._act(obs, explore=True)
+        nxt, reward, terminated, truncated, info = self.env.step(actions)
+        next_for_replay = info["final_obs"]  # the pre-reset observation where truncated
+        xp = self.xp
+        self.replay.add(
+            xp.asarray(obs), xp.asarray(actions), xp.asarray(reward, dtype=xp.float32),
+            xp.asarray(next_for_replay), xp.asarray(terminated.astype(np.float32)),
+        )
+        self.obs = nxt
+        self.env_steps += obs.shape[0]
+
+    # ------------------------------------------------------------------ training
+    def train(self, until_step: int | None = None, progress: Callable[[int, int], None] | None = None) -> None:
+        """Train until ``until_step`` updates (default: ``train.steps``), checkpointing on the way."""
+        t = self.settings.train
+        until = t.steps if until_step is None else min(int(until_step), t.steps)
+        clock = Stopwatch()
+        start_step = self.step
+        while len(self.replay) < min(t.warmup_steps, t.replay_capacity):
+            self._collect(random=True)
+        self.log.event("train_start", step=self.step, until=until, device=self.device,
+                       plugins=self.plugins.names)
+        while self.step < until:
+            for _ in range(t.collect_per_update):
+                self._collect(random=False)
+            batch = self.replay.sample(t.batch_size, self.rng_replay)
+            scalars, out, q = self.agent.update(batch, self.ctx.entropy_coeff)
+            self.step += 1
+            if self.step % t.target_sync_every == 0:
+                self.agent.sync_target()
+            if self.step % t.stats_every == 0:
+                self._interval(scalars, self.agent.statistics(out, q))
+            if self.step % t.checkpoint_every == 0 and self.step < until:
+                self.save()
+            if progress is not None:
+                progress(self.step, until)
+        self.train_seconds += clock.seconds()
+        done = self.step - start_step
+        self.log.event("train_end", step=self.step, updates=done, seconds=round(clock.seconds(), 3))
+        self.save()
+
+    def _interval(self, scalars: dict[str, Any], stats: dict[str, float]) -> None:
+        """Once per stats interval: record, hooks, liquid tau, entropy coefficient."""
+        t = self.settings.train
+        record = {"step": self.step, **{k: float(backend.to_numpy(v)) for k, v in scalars.items()}, **stats}
+        if self.first_raw_q_mean is None:
+            self.first_raw_q_mean = stats["raw_q_mean"]
+        record["raw_q_drift"] = stats["raw_q_mean"] - self.first_raw_q_mean
+        record["env_steps"] = self.env_steps
+        ctx = self.ctx
+        ctx.step, ctx.last_stats = self.step, record
+        ctx.iqn_readiness = iqn_readiness(self.step, t.steps, t.iqn_ramp_fraction)
+        self.plugins.broadcast("q_stats", ctx=ctx, record=record)
+
+        gaps = np.array([stats[f"q_gap_{d}"] for d in range(self.agent.num_branches)])
+        tau_d = self.liquid.time_constants(gaps, float(np.sqrt(max(stats["q_var"], 0.0))))
+        new = self.plugins.first("tau_update", ctx=ctx, mod=self.liquid.mod.copy(), tau=tau_d, dt=self.liquid.dt)
+        if new is None:
+            from .explore import liquid_exact_step
+
+            new = liquid_exact_step(self.liquid.mod, tau_d, self.liquid.dt)
+        self.liquid.mod = np.clip(np.asarray(new, dtype=np.float64), 0.1, 2.0)
+
+        coeff = self.plugins.first("entropy_coefficient", ctx=ctx, base=t.entropy_coeff)
+        ctx.entropy_coeff = float(t.entropy_coeff if coeff is None else coeff)
+        record["entropy_coeff"] = ctx.entropy_coeff
+        record["liquid_mod"] = self.liquid.mod.tolist()
+        record["iqn_readiness"] = ctx.iqn_readiness
+        self.history.append(record)
+        self.log.event("q_stats", **record)
+        if not np.isfinite([v for v in record.values() if isinstance(v, float)]).all():
+            self.log.event("non_finite", step=self.step)
+
+    # ------------------------------------------------------------------ evaluation
+    def policy(self) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda obs: self._act(obs, explore=False)
+
+    def evaluate(self, split: str = "test") -> dict[str, dict[str, float]]:
+        """Greedy policy and the baselines on a held-out split (fresh, seeded RNG per policy)."""
+        data = getattr(self.splits, split)
+        table: dict[str, dict[str, float]] = {}
+        pols: dict[str, Callable] = {"policy": self.policy()}
+        pols.update(baseline_policies(np.random.default_rng(self.settings.seed + 1)))
+        for name, pol in pols.items():
+            res = evaluate(data, self.settings.env, pol, np.random.default_rng(self.settings.seed + 2))
+            table[name] = {k: float(v) for k, v in res.items()}
+        return table
+
+    # ------------------------------------------------------------------ checkpoints
+    def _meta(self) -> dict[str, Any]:
+        env_arrays, env_meta = _split_state(self.env.state_dict())
+        return {
+            "foxhunt_version": __version__,
+            "settings": self.settings.model_dump(mode="json"),
+            "flags_text": self.flags_text,
+            "flags_sha256": self.flags_sha256,
+            "plugins": self.plugins.names,
+            "step": self.step,
+            "env_steps": self.env_steps,
+            "adam_t": self.agent.opt.t,
+            "rng": {"env": _gen_state(self.rng_env), "replay": _gen_state(self.rng_replay),
+                    "explore": _gen_state(self.rng_explore)},
+            "liquid": self.liquid.state(),
+            "ctx": {"entropy_coeff": self.ctx.entropy_coeff, "stash": self.ctx.stash},
+            "first_raw_q_mean": self.first_raw_q_mean,
+            "replay": self.replay.state_dict()["meta"],
+            "env": env_meta,
+            "train_seconds": self.train_seconds,
+        }, env_arrays
+
+    def save(self) -> Path | None:
+        if self.out_dir is None:
+            return None
+        meta, env_arrays = self._meta()
+        tensors = {}
+        tensors.update(flatten("online", self.agent.online))
+        tensors.update(flatten("target", self.agent.target))
+        tensors.update(flatten("adam.m", self.agent.opt.m))
+        tensors.update(flatten("adam.v", self.agent.opt.v))
+        tensors.update(self.replay.state_dict()["arrays"])
+        tensors.update({f"env/{k}": v for k, v in env_arrays.items()})
+        tensors["obs"] = np.asarray(self.obs)
+        path = self.out_dir / CHECKPOINT
+        save_checkpoint(path, tensors, jsonable(meta))
+        atomic_write_text(self.out_dir / "metrics.json", json.dumps(jsonable(self.history), indent=1))
+        self.log.event("checkpoint", step=self.step, path=str(path))
+        return path
+
+    def load(self, path: Path) -> None:
+        """Restore everything from a checkpoint written by a run with the same settings."""
+        tensors, meta = load_checkpoint(path)
+        if _without_steps(meta["settings"]) != _without_steps(self.settings.model_dump(mode="json")):
+            raise CheckpointError(f"{path}: settings in the checkpoint differ from this run's")
+        if meta["plugins"] != self.plugins.names:
+            raise CheckpointError(f"{path}: checkpoint plugins {meta['plugins']} differ from {self.plugins.names}")
+        for prefix, tree in (("online", self.agent.online), ("target", self.agent.target),
+                             ("adam.m", self.agent.opt.m), ("adam.v", self.agent.opt.v)):
+            saved = unflatten(prefix, tensors)
+            for o, sub in tree.items():
+                for k, v in sub.items():
+                    if o not in saved or k not in saved[o] or saved[o][k].shape != tuple(v.shape):
+                        raise CheckpointError(f"{path}: tensor {prefix}/{o}/{k} is missing or misshapen")
+                    v[...] = self.xp.asarray(saved[o][k])
+        self.agent.opt.t = int(meta["adam_t"])
+        self.replay.load_state_dict(tensors, meta["replay"])
+        env_state = dict(meta["env"])
+        env_state.update({k[len("env/"):]: v for k, v in tensors.items() if k.startswith("env/")})
+        self.env.load_state_dict(env_state)
+        self.obs = tensors["obs"]
+        _set_gen_state(self.rng_env, meta["rng"]["env"])
+        _set_gen_state(self.rng_replay, meta["rng"]["replay"])
+        _set_gen_state(self.rng_explore, meta["rng"]["explore"])
+        self.liquid.load(meta["liquid"])
+        self.ctx.entropy_coeff = float(meta["ctx"]["entropy_coeff"])
+        self.ctx.stash = meta["ctx"]["stash"]
+        self.step, self.env_steps = int(meta["step"]), int(meta["env_steps"])
+        self.first_raw_q_mean = meta["first_raw_q_mean"]
+        self.train_seconds = float(meta.get("train_seconds", 0.0))
+        mpath = path.parent / "metrics.json"
+        self.history = [r for r in json.loads(mpath.read_text())] if mpath.exists() else []
+        self.history = [r for r in self.history if r["step"] <= self.step]
+        self.log.event("resumed", step=self.step, path=str(path))
+
+
+def _without_steps(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as compared on load: the step total may grow when a run is extended."""
+    out = json.loads(json.dumps(settings))
+    out["train"].pop("steps", None)
+    return out
+
+
+def _split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Separate an env state dict into arrays (tensors) and JSON-able values."""
+    arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
+    rest = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
+    return arrays, rest
