@@ -41,3 +41,59 @@ def select(device: str) -> tuple[Any, str]:
 
 def to_numpy(a: Any) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+# ----------------------------------------------------------------------------- CUDA kernels
+_MODULE_CACHE: dict[tuple[int, str, tuple[tuple[str, str], ...]], Any] = {}
+
+
+def compute_capability() -> str:
+    """``"90"`` for an sm_90 device (the current CuPy device)."""
+    import cupy
+
+    return str(cupy.cuda.Device().compute_capability)
+
+
+def load_module(cu_path: str, defines: dict[str, Any] | None = None) -> Any:
+    """Compile a ``.cu`` file with NVRTC for the current device and cache it per device.
+
+    ``defines`` become a ``#define NAME VALUE`` preamble (compile-time constants such as the
+    atom count). The source is read from disk, so kernels live in real ``.cu`` files next to
+    the Python that launches them.
+    """
+    from pathlib import Path
+
+    import cupy
+
+    path = Path(cu_path)
+    defs = tuple(sorted((str(k), str(v)) for k, v in (defines or {}).items()))
+    key = (cupy.cuda.Device().id, str(path.resolve()), defs)
+    mod = _MODULE_CACHE.get(key)
+    if mod is None:
+        try:
+            src = path.read_text()
+        except OSError as exc:
+            raise BackendError(f"{path}: cannot read kernel source ({exc.strerror})") from None
+        preamble = "".join(f"#define {k} {v}\n" for k, v in defs)
+        arch = f"-arch=sm_{compute_capability()}"
+        try:
+            mod = cupy.RawModule(code=preamble + src, options=(arch, "-std=c++17"))
+            mod.compile()
+        except Exception as exc:  # noqa: BLE001 - NVRTC errors carry the compiler log
+            raise BackendError(f"{path}: compilation failed: {exc}") from None
+        _MODULE_CACHE[key] = mod
+    return mod
+
+
+def check_array(kernel: str, name: str, a: Any, dtype: Any, shape: tuple[int | None, ...]) -> None:
+    """Raise a ``TypeError``/``ValueError`` naming ``kernel`` unless ``a`` fits (``None`` = any size)."""
+    import cupy
+
+    if not isinstance(a, cupy.ndarray):
+        raise TypeError(f"{kernel}: {name} must be a CuPy array, got {type(a).__name__}")
+    if a.dtype != np.dtype(dtype):
+        raise TypeError(f"{kernel}: {name} must be {np.dtype(dtype)}, got {a.dtype}")
+    if len(a.shape) != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
+        raise ValueError(f"{kernel}: {name} has shape {a.shape}, expected {shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{kernel}: {name} must be C-contiguous")
