@@ -167,7 +167,7 @@ class Agent:
         return scalars, out, q
 
     def statistics(self, out: NetOutput, q: QOut) -> dict[str, float]:
-        return q_statistics(q, out.probs, self.offsets, self.settings.train.utilization_threshold)
+        return q_statistics(q, out.probs, self.offsets, self.settings.train.atom_mass_threshold)
 
     def sync_target(self) -> None:
         for o, sub in self.online.items():

@@ -89,7 +89,7 @@ class TrainSettings(_Strict):
     liquid_tau_min: float = Field(0.01, gt=0, description="Smallest ODE time constant.")
     liquid_tau_max: float = Field(1.0, gt=0, description="Largest ODE time constant.")
     iqn_ramp_fraction: float = Field(0.5, gt=0, le=1, description="Share of training over which iqn_readiness ramps from 0 to 1.")
-    utilization_threshold: float = Field(0.1, gt=0, lt=1, description="An atom counts as used in a distribution when its probability is at least this / num_atoms.")
+    atom_mass_threshold: float = Field(0.1, gt=0, lt=1, description="An atom counts as used in a distribution when its probability is at least this / num_atoms.")
     checkpoint_every: int = Field(1_000, ge=1, description="Updates between checkpoints.")
 
 

@@ -48,6 +48,11 @@ class RunContext:
     entropy_coeff: float
     stash: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_stats: dict[str, float] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    """Validated options of every enabled plugin, by plugin name (read-only by convention)."""
+
+    def options_for(self, plugin: str) -> Any:
+        return self.options.get(plugin)
 
     def state_of(self, plugin: str) -> dict[str, Any]:
         """The plugin's own (checkpointed, JSON-serialisable) state dict, created on first use."""

@@ -102,7 +102,7 @@ def branch_argmax(values: Array, offsets: tuple[int, ...]) -> Array:
 
 
 def q_statistics(
-    out: QOut, probs: Array, offsets: tuple[int, ...], utilization_threshold: float
+    out: QOut, probs: Array, offsets: tuple[int, ...], atom_mass_threshold: float
 ) -> dict[str, float]:
     """One Q-statistics record over a batch. Every statistic is a plain float:
 
@@ -112,7 +112,7 @@ def q_statistics(
       statistic compares it with the run's first record.
     - ``atom_entropy``: mean over samples and actions of ``H(p) / log(N)`` (1 = uniform).
     - ``atom_utilization``: mean over samples and actions of the fraction of the N atoms whose
-      probability is at least ``utilization_threshold / N`` (1 = every atom carries mass; a
+      probability is at least ``atom_mass_threshold / N`` (1 = every atom carries mass; a
       distribution collapsed onto one atom scores 1/N).
     - ``q_gap_d`` (d = 0..3): mean over samples of the margin between the best and the second
       best coordinated Q within branch ``d`` (how decisive the branch is).
@@ -122,7 +122,7 @@ def q_statistics(
     N = probs.shape[-1]
     logp = xp.log(xp.maximum(probs, 1e-30))
     ent = -(probs * logp).sum(axis=-1) / np.log(N)
-    util = (probs >= utilization_threshold / N).mean(axis=-1)
+    util = (probs >= atom_mass_threshold / N).mean(axis=-1)
     vals = {
         "q_min": qc.min(),
         "q_max": qc.max(),

@@ -92,7 +92,7 @@ class Trainer:
         self.liquid = LiquidTau(nb, t.liquid_init, t.liquid_tau_min, t.liquid_tau_max, t.liquid_dt)
         self.ctx = RunContext(
             step=0, total_steps=t.steps, iqn_readiness=0.0,
-            base_entropy_coeff=t.entropy_coeff, entropy_coeff=t.entropy_coeff,
+            base_entropy_coeff=t.entropy_coeff, entropy_coeff=t.entropy_coeff, options=self.options,
         )
         self.step = 0
         self.env_steps = 0

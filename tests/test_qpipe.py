@@ -97,7 +97,7 @@ def test_half_mass_on_two_atoms():
     assert s["atom_entropy"] == pytest.approx(math.log(2) / math.log(4))
 
 
-def test_utilization_threshold_is_relative_to_uniform():
+def test_atom_mass_threshold_is_relative_to_uniform():
     # N = 4, threshold 0.1 -> an atom counts from p >= 0.025.
     probs = np.tile(np.array([0.03, 0.02, 0.45, 0.5]), (2, 9, 1))
     s = q_statistics(_out(QC), probs, OFFSETS, 0.1)
