@@ -1,0 +1,103 @@
+"""The foxhunt command line, run as a user runs it (the installed console script)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY_RUN = """\
+version: 1
+stage: 0
+run:
+  seed: 1
+  device: cpu
+  market: {bars: 4000}
+  env: {num_envs: 8, episode_len: 64}
+  net: {shared_h1: 16, shared_h2: 16, adv_h: 12, num_atoms: 11, attn_dim: 4}
+  train: {steps: 60, batch_size: 32, warmup_steps: 200, stats_every: 20, checkpoint_every: 1000}
+plugins: {}
+"""
+
+
+def foxhunt(*args, check=True):
+    exe = shutil.which("foxhunt", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "foxhunt_core.cli"]
+    res = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=600,
+                         env={"OPENBLAS_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    if check and res.returncode != 0:
+        raise AssertionError(f"exit {res.returncode}\nstdout:{res.stdout}\nstderr:{res.stderr}")
+    return res
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    flags = d / "tiny.yaml"
+    flags.write_text(TINY_RUN)
+    out = d / "run"
+    res = foxhunt("train", "--flags", flags, "--out", out, "--quiet")
+    return flags, out, res
+
+
+def test_train_writes_run_directory_and_eval_table(trained):
+    _, out, res = trained
+    for name in ("run.json", "checkpoint.safetensors", "metrics.json", "log.jsonl", "eval.json"):
+        assert (out / name).is_file(), name
+    report = json.loads((out / "eval.json").read_text())
+    assert report["split"] == "test" and report["step"] == 60
+    assert set(report["policies"]) == {"policy", "flat", "random", "buy_and_hold"}
+    for row in report["policies"].values():
+        assert {"total_return", "sharpe", "max_drawdown", "turnover"} <= set(row)
+    assert report["policies"]["flat"]["total_return"] == 0.0
+    assert "buy_and_hold" in res.stdout and "total_return" in res.stdout  # the printed table
+
+
+def test_eval_reproduces_the_run_table(trained):
+    _, out, _ = trained
+    res = foxhunt("eval", out)
+    report = json.loads((out / "eval.json").read_text())
+    ret = report["policies"]["policy"]["total_return"]
+    assert f"{ret:+.4f}" in res.stdout
+
+
+def test_resume_extends_a_finished_run(trained, tmp_path):
+    _, out, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    foxhunt("resume", copy, "--steps", 80)
+    assert json.loads((copy / "eval.json").read_text())["step"] == 80
+
+
+def test_bad_flag_file_exits_2_and_writes_nothing(tmp_path):
+    flags = tmp_path / "bad.yaml"
+    flags.write_text("version: 1\nrun:\n  train: {steps: -5}\n")
+    out = tmp_path / "never"
+    res = foxhunt("train", "--flags", flags, "--out", out, check=False)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(flags) in lines[0] and "run.train.steps" in lines[0]
+    assert not out.exists()
+
+
+def test_unreadable_checkpoint_exits_2(tmp_path):
+    bad = tmp_path / "checkpoint.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    res = foxhunt("eval", bad, check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert str(bad) in res.stderr
+
+
+def test_cuda_without_gpu_is_a_clear_error(trained, tmp_path):
+    pytest.importorskip("numpy")
+    from foxhunt_core.backend import cuda_available
+
+    if cuda_available():
+        pytest.skip("a GPU is present")
+    flags, _, _ = trained
+    res = foxhunt("train", "--flags", flags, "--out", tmp_path / "r", "--device", "cuda", check=False)
+    assert res.returncode == 2 and "cuda" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "r").exists()
