@@ -13,6 +13,9 @@ FLAGS  ?= flags/stage-00-baseline.yaml
 OUT    ?= runs/stage-00-seed-$(SEED)
 STEPS  ?=
 PYTEST_ARGS ?=
+# Small GEMMs on two cores run best single-threaded; set it in the environment to override.
+OPENBLAS_NUM_THREADS ?= 1
+export OPENBLAS_NUM_THREADS
 
 .PHONY: run test install clean
 
