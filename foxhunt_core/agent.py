@@ -87,6 +87,7 @@ class Agent:
         t = settings.train
         self.opt = Adam(self.online, t.lr, tuple(t.adam_betas), t.adam_eps, t.grad_clip)
         self.z = c51.support(settings.net.v_min, settings.net.v_max, settings.net.num_atoms, xp, dtype)
+        self.branch_base = xp.asarray(self.offsets[:-1], dtype=xp.int64)[None, :]  # first action of each branch
 
     def _one(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> Any:
         res = plugins.ordered(hook, ctx=ctx)
@@ -119,14 +120,14 @@ class Agent:
         sel = self.qpipe.forward(self.online, self.net.forward(self.online, nxt).probs, self.z)
         a_star = branch_argmax(sel.q_coord, self.offsets)  # [B, D]
         tgt_probs = self.net.forward(self.target, nxt).probs  # [B, A, N]
-        idx = a_star + xp.asarray(self.offsets[:-1])[None, :]
+        idx = a_star + self.branch_base
         p_next = xp.take_along_axis(tgt_probs, idx[:, :, None], axis=1)  # [B, D, N]
         B, D, N = p_next.shape
         disc = self.settings.train.gamma * (1.0 - batch["terminal"])
         m = c51.project(
             p_next.reshape(B * D, N),
             xp.repeat(batch["reward"], D),
-            xp.repeat(disc.astype(self.dtype), D),
+            xp.repeat(disc.astype(self.dtype, copy=False), D),
             self.z,
         )
         return m.reshape(B, D, N)
@@ -141,7 +142,7 @@ class Agent:
         B = obs.shape[0]
         m = self.targets(batch)
         out = self.net.forward(self.online, obs, keep_cache=True)
-        idx = act + xp.asarray(self.offsets[:-1])[None, :]  # taken action per branch, [B, D]
+        idx = act + self.branch_base  # taken action per branch, [B, D]
         logp = xp.take_along_axis(out.log_probs, idx[:, :, None], axis=1)  # [B, D, N]
         D = idx.shape[1]
         loss, dl, ent = c51.loss_and_grad(logp, m, entropy_coeff)

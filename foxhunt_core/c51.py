@@ -67,11 +67,15 @@ def project(next_probs: Array, rewards: Array, discounts: Array, z: Array) -> Ar
     low_i = low.astype(xp.int64)
     up_i = up.astype(xp.int64)
     rows = (xp.arange(B, dtype=xp.int64) * N)[:, None]
-    flat = xp.bincount(
-        xp.concatenate([(rows + low_i).ravel(), (rows + up_i).ravel()]),
-        weights=xp.concatenate([(next_probs * w_low).ravel(), (next_probs * w_up).ravel()]),
-        minlength=B * N,
-    )
+    idx = xp.concatenate([(rows + low_i).ravel(), (rows + up_i).ravel()])
+    mass = xp.concatenate([(next_probs * w_low).ravel(), (next_probs * w_up).ravel()])
+    if xp is np:
+        flat = np.bincount(idx, weights=mass, minlength=B * N)
+    else:  # CuPy: scatter_add keeps the projection on the device without a host sync
+        import cupyx
+
+        flat = xp.zeros(B * N, dtype=next_probs.dtype)
+        cupyx.scatter_add(flat, idx, mass)
     return flat.reshape(B, N).astype(next_probs.dtype, copy=False)
 
 

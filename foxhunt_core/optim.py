@@ -29,7 +29,12 @@ def global_norm(grads: Tree) -> float:
 
 
 class Adam:
-    """Adam with bias correction; ``step`` clips the global gradient norm first."""
+    """Adam with bias correction; ``step`` clips the global gradient norm first.
+
+    On the CPU the step counter and the clip factor are host numbers. On a GPU they live on the
+    device (``t_dev``, the norm), so a step never waits for the device and can be captured in a
+    CUDA graph and replayed: each replay increments ``t_dev`` itself.
+    """
 
     def __init__(
         self,
@@ -43,9 +48,18 @@ class Adam:
         self.m = tree_map(lambda p: _xp(p).zeros_like(p), params)
         self.v = tree_map(lambda p: _xp(p).zeros_like(p), params)
         self.t = 0
+        first = next(v for sub in params.values() for v in sub.values())
+        self.xp = _xp(first)
+        self.on_device = self.xp is not np
+        self.t_dev = self.xp.zeros((), dtype=self.xp.float64) if self.on_device else None
 
-    def step(self, params: Tree, grads: Tree) -> float:
-        """Apply one update in place; returns the gradient norm before clipping."""
+    def step(self, params: Tree, grads: Tree) -> Any:
+        """Apply one update in place; returns the gradient norm before clipping.
+
+        The norm is a float on the CPU and a 0-d device array on a GPU.
+        """
+        if self.on_device:
+            return self._step_device(params, grads)
         norm = global_norm(grads)
         scale = 1.0
         if self.clip_norm is not None and norm > self.clip_norm:
@@ -65,7 +79,39 @@ class Adam:
                 m += (1.0 - self.b1) * g
                 v *= self.b2
                 v += (1.0 - self.b2) * (g * g)
-                p -= (self.lr / c1) * m / (_xp(p).sqrt(v / c2) + self.eps)
+                p -= (self.lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+        return norm
+
+    def _step_device(self, params: Tree, grads: Tree) -> Any:
+        xp = self.xp
+        sq = None
+        for sub in grads.values():
+            for g in sub.values():
+                s = (g * g).sum(dtype=xp.float32)
+                sq = s if sq is None else sq + s
+        norm = xp.sqrt(sq)
+        scale = (
+            xp.minimum(1.0, self.clip_norm / (norm + 1e-12)).astype(xp.float32)
+            if self.clip_norm is not None
+            else xp.ones((), xp.float32)
+        )
+        self.t += 1
+        self.t_dev += 1.0
+        step = (self.lr / (1.0 - self.b1**self.t_dev)).astype(xp.float32)
+        c2 = (1.0 - self.b2**self.t_dev).astype(xp.float32)
+        for owner, sub in params.items():
+            gsub = grads.get(owner, {})
+            for name, p in sub.items():
+                g = gsub.get(name)
+                if g is None:
+                    continue
+                g = g * scale
+                m, v = self.m[owner][name], self.v[owner][name]
+                m *= self.b1
+                m += (1.0 - self.b1) * g
+                v *= self.b2
+                v += (1.0 - self.b2) * (g * g)
+                p -= step * m / (xp.sqrt(v / c2) + self.eps)
         return norm
 
     def state_tree(self) -> dict[str, Tree]:
@@ -77,3 +123,5 @@ class Adam:
                 self.m[owner][k][...] = m[owner][k]
                 self.v[owner][k][...] = v[owner][k]
         self.t = int(t)
+        if self.t_dev is not None:
+            self.t_dev.fill(float(t))

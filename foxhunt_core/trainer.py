@@ -264,7 +264,7 @@ class Trainer:
                     if o not in saved or k not in saved[o] or saved[o][k].shape != tuple(v.shape):
                         raise CheckpointError(f"{path}: tensor {prefix}/{o}/{k} is missing or misshapen")
                     v[...] = self.xp.asarray(saved[o][k])
-        self.agent.opt.t = int(meta["adam_t"])
+        self.agent.opt.load_state(self.agent.opt.m, self.agent.opt.v, int(meta["adam_t"]))
         self.replay.load_state_dict(tensors, meta["replay"])
         env_state = dict(meta["env"])
         env_state.update({k[len("env/"):]: v for k, v in tensors.items() if k.startswith("env/")})
