@@ -6,6 +6,7 @@ backend is asked for or probed.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,17 @@ def cuda_available() -> bool:
         return False
 
 
-def select(device: str) -> tuple[Any, str]:
-    """``(xp, name)`` for ``auto``, ``cpu`` or ``cuda``."""
+def select(device: str, tf32: bool = True) -> tuple[Any, str]:
+    """``(xp, name)`` for ``auto``, ``cpu`` or ``cuda``.
+
+    ``tf32`` lets cuBLAS use TF32 tensor cores for float32 GEMMs (CuPy reads ``CUPY_TF32`` when it
+    is first imported, so this must run before anything imports CuPy).
+    """
     if device == "cpu":
         return np, "cpu"
     if device in ("cuda", "auto"):
+        if tf32:
+            os.environ.setdefault("CUPY_TF32", "1")
         if cuda_available():
             import cupy
 

@@ -72,7 +72,7 @@ class Trainer:
         self.options = options or {}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.flags_text, self.flags_sha256 = flags_text, flags_sha256
-        self.xp, self.device = backend.select(settings.device)
+        self.xp, self.device = backend.select(settings.device, settings.train.tf32)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.out_dir / "log.jsonl" if self.out_dir else None, console=console)
@@ -99,6 +99,7 @@ class Trainer:
         self.first_raw_q_mean: float | None = None
         self.history: list[dict[str, float]] = []
         self.train_seconds = 0.0
+        self.graphed: Any = None
         self.obs, _ = self.env.reset()
 
     # ------------------------------------------------------------------ acting
@@ -147,7 +148,7 @@ class Trainer:
             for _ in range(t.collect_per_update):
                 self._collect(random=False)
             batch = self.replay.sample(t.batch_size, self.rng_replay)
-            scalars, out, q = self.agent.update(batch, self.ctx.entropy_coeff)
+            scalars, out, q = self._update(batch)
             self.step += 1
             if self.step % t.target_sync_every == 0:
                 self.agent.sync_target()
@@ -161,6 +162,19 @@ class Trainer:
         done = self.step - start_step
         self.log.event("train_end", step=self.step, updates=done, seconds=round(clock.seconds(), 3))
         self.save()
+
+    def _update(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+        """One gradient step: a CUDA-graph replay on the GPU, eager otherwise."""
+        t = self.settings.train
+        if self.device == "cuda" and t.cuda_graphs:
+            if self.graphed is None:
+                from .graphs import GraphedUpdate
+
+                self.graphed = GraphedUpdate(self.agent, t.batch_size)
+                self.log.event("graph_captured", what="update", batch_size=t.batch_size)
+            self.graphed.load_batch(batch)
+            return self.graphed.replay(self.ctx.entropy_coeff)
+        return self.agent.update(batch, self.ctx.entropy_coeff)
 
     def _interval(self, scalars: dict[str, Any], stats: dict[str, float]) -> None:
         """Once per stats interval: record, hooks, liquid tau, entropy coefficient."""

@@ -1,0 +1,107 @@
+"""The whole update on the GPU against the NumPy update, and graph replay against eager launch."""
+
+import numpy as np
+import pytest
+
+from foxhunt_core.agent import Agent, tree_copy
+from foxhunt_core.config import NetSettings, RunSettings, TrainSettings
+from foxhunt_core.plugins import LoadedPlugin, PluginSet
+from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
+
+pytestmark = pytest.mark.gpu
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _settings(tf32=False):
+    net = NetSettings(shared_h1=64, shared_h2=64, adv_h=48)
+    return RunSettings(net=net, train=TrainSettings(lr=1e-3, tf32=tf32))
+
+
+def _plugins(with_stages):
+    if not with_stages:
+        return PluginSet()
+    table = {"center": CenterPlugin, "affine_post": AffinePostPlugin,
+             "tanh_gate": TanhGatePlugin, "ofi_column": OfiColumnPlugin}
+    return PluginSet([LoadedPlugin(n, c.POSITION, c()) for n, c in table.items()])
+
+
+def _batch(rng, B):
+    return {
+        "obs": rng.normal(size=(B, 50)).astype(np.float32),
+        "next_obs": rng.normal(size=(B, 50)).astype(np.float32),
+        "action": rng.integers(0, 3, size=(B, 4)),
+        "reward": rng.normal(size=B).astype(np.float32),
+        "terminal": (rng.random(B) < 0.1).astype(np.float32),
+    }
+
+
+def _to(xp, tree):
+    return {o: {k: xp.asarray(v) for k, v in s.items()} for o, s in tree.items()}
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _rel(a, b):
+    a, b = _host(a).astype(np.float64), _host(b).astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.mark.parametrize("with_stages", [False, True], ids=["core", "with-stages"])
+def test_gpu_update_matches_cpu_update(with_stages):
+    cp = _cp()
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    cpu = Agent(_settings(), _plugins(with_stages), np, np.random.default_rng(seed))
+    gpu = Agent(_settings(), _plugins(with_stages), cp, np.random.default_rng(seed))
+    for o, s in cpu.online.items():
+        for k, v in s.items():
+            gpu.online[o][k][...] = cp.asarray(v)
+            gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+    batch = _batch(rng, 256)
+    g_cpu, s_cpu, _, _ = cpu.loss_and_grads(batch, 0.01)
+    g_gpu, s_gpu, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+    assert abs(float(s_cpu["loss"]) - float(s_gpu["loss"])) < 1e-4 * abs(float(s_cpu["loss"]))
+    for o, s in g_cpu.items():
+        for k, v in s.items():
+            assert _rel(g_gpu[o][k], v) < 2e-3, f"{o}/{k}"  # fp32 on both, different summation order
+    cpu.opt.step(cpu.online, g_cpu)
+    gpu.opt.step(gpu.online, g_gpu)
+    for o, s in cpu.online.items():
+        for k, v in s.items():
+            assert _rel(gpu.online[o][k], v) < 1e-4, f"{o}/{k} after Adam"
+
+
+@pytest.mark.parametrize("with_stages", [False, True], ids=["core", "with-stages"])
+def test_graph_replay_equals_eager_updates(with_stages):
+    cp = _cp()
+    from foxhunt_core.graphs import GraphedUpdate
+
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    eager = Agent(_settings(), _plugins(with_stages), cp, np.random.default_rng(seed))
+    graphed = Agent(_settings(), _plugins(with_stages), cp, np.random.default_rng(seed))
+    start = tree_copy(graphed.online)
+    g = GraphedUpdate(graphed, 128)
+    for o, s in start.items():  # capture left the parameters untouched
+        for k, v in s.items():
+            assert cp.array_equal(graphed.online[o][k], v), f"capture changed {o}/{k}"
+    for step in range(5):
+        batch = _to(cp, {"b": _batch(rng, 128)})["b"]
+        coeff = 0.01 * (step + 1)
+        s_e, _, _ = eager.update(batch, cp.asarray(coeff, dtype=cp.float32))
+        g.load_batch(batch)
+        s_g, _, _ = g.replay(coeff)
+        cp.cuda.get_current_stream().synchronize()
+        assert abs(float(s_e["loss"]) - float(s_g["loss"])) <= 1e-5 * abs(float(s_e["loss"]))
+    for o, s in eager.online.items():
+        for k, v in s.items():
+            assert _rel(graphed.online[o][k], v) < 1e-5, f"{o}/{k}"
+    assert graphed.opt.t == eager.opt.t == 5
+    assert float(graphed.opt.t_dev) == 5.0
