@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
 
 from foxhunt_core.agent import Agent
 from foxhunt_core.config import NetSettings, RunSettings, TrainSettings
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.testing import check_tree_gradients
+from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
 
 
 def _settings(**train):

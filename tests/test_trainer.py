@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from hook_plugins import RawSelectStage, all_plugins
 
 from foxhunt_core.checkpoint import CheckpointError, load_checkpoint
 from foxhunt_core.config import RunSettings
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.trainer import CHECKPOINT, Trainer
+from hook_plugins import RawSelectStage, all_plugins
 
 
 def tiny(steps=200, **train):

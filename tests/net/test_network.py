@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from hook_plugins import OfiColumnStage, TanhGateStage
 
 from foxhunt_core.config import NetSettings
 from foxhunt_core.net import BranchingC51
 from foxhunt_core.net import layers as L
 from foxhunt_core.testing import check_tree_gradients
+from hook_plugins import OfiColumnStage, TanhGateStage
 
 SMALL = dict(shared_h1=12, shared_h2=10, adv_h=8, num_atoms=7, v_min=-2.0, v_max=2.0)
 
