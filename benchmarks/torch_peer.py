@@ -35,6 +35,8 @@ class PeerNet(nn.Module):
         self.A = self.offsets[-1]
         # the support computed in float64, like foxhunt's, then cast
         self.register_buffer("z", torch.linspace(v_min, v_max, num_atoms, dtype=torch.float64).to(dtype))
+        self.register_buffer("offs", torch.tensor(self.offsets[:-1]))  # first action of each branch
+        self.v_min, self.v_max = float(v_min), float(v_max)
         self.q_scale = max(abs(v_min), abs(v_max))
         self.fc1, self.fc2 = nn.Linear(state_dim, h1), nn.Linear(h1, h2)
         self.vsn, self.value = nn.Linear(h2, h2), nn.Linear(h2, num_atoms)
@@ -72,9 +74,8 @@ class PeerNet(nn.Module):
         return q + self.agate * (o - q)
 
 
-def project(p_next, reward, discount, z):
+def project(p_next, reward, discount, z, v_min, v_max):
     B, N = p_next.shape
-    v_min, v_max = float(z[0]), float(z[-1])
     dz = (v_max - v_min) / (N - 1)
     tz = (reward[:, None] + discount[:, None] * z[None, :]).clamp(v_min, v_max)
     b = ((tz - v_min) / dz).clamp(0, N - 1)
@@ -91,13 +92,14 @@ def project(p_next, reward, discount, z):
 def loss_fn(online: PeerNet, target: PeerNet, batch, gamma=0.9, beta=1e-3, aux_w=1.0):
     obs, nxt, act, rew, term = batch
     B, D = act.shape
-    offs = torch.tensor(online.offsets[:-1], device=obs.device)
+    offs = online.offs
     with torch.no_grad():
         qn = online.coordinated((online(nxt).exp() * online.z).sum(-1))
         a_star = torch.stack([qn[:, online.offsets[d]:online.offsets[d + 1]].argmax(1) for d in range(D)], 1)
         p_t = target(nxt).exp().gather(1, (a_star + offs)[:, :, None].expand(B, D, online.N))
         disc = gamma * (1.0 - term)
-        m = project(p_t.reshape(B * D, -1), rew.repeat_interleave(D), disc.repeat_interleave(D), online.z)
+        m = project(p_t.reshape(B * D, -1), rew.repeat_interleave(D), disc.repeat_interleave(D), online.z,
+                    online.v_min, online.v_max)
         m = m.view(B, D, -1)
     logp_all = online(obs)
     idx = (act + offs)[:, :, None].expand(B, D, online.N)

@@ -1,0 +1,204 @@
+"""Updates per second of foxhunt's training step on the GPU against its PyTorch peer.
+
+    python benchmarks/bench_update.py [--batches 4096 16384 65536] [--repeats 50] [--json out.json]
+
+In one run on one GPU, for each batch size:
+
+* ``foxhunt``: the CUDA-graph replay of foxhunt's update (foxhunt_core.graphs.GraphedUpdate);
+* ``foxhunt eager``: the same update launched kernel by kernel (for the graph's share);
+* ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
+  the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
+  loss inside a hand-captured graph, the strongest peer), from benchmarks/torch_peer.py, which
+  computes the same loss and gradients (benchmarks/check_peer.py checks it).
+
+Network: the stage-0 shapes (trunk 256/256, adv_h 256, 51 atoms, 4 branches of 3). TF32 on for
+both. Times are medians over ``repeats`` timed with CUDA events after warm-up; TFLOP/s counts
+the GEMM FLOPs of an update (3 forward passes and one backward) against a TF32 GEMM ceiling
+measured in the same run at the update's largest GEMM shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("CUPY_TF32", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import numpy as np  # noqa: E402
+
+
+def gemm_flops(net, B: int) -> float:
+    """GEMM FLOPs of one update: forward on s (online), s' (online and target), backward on s."""
+    S, H1, H2, A, N = net.state_dim, net.shared_h1, net.shared_h2, net.adv_h, net.num_atoms
+    sizes = net.branch_sizes
+    fwd = S * H1 + H1 * H2 + H2 * H2 + H2 * N
+    for d, n in enumerate(sizes):
+        k = H2 + (sizes[0] if d == 1 else 0)
+        fwd += 2 * k * A + A * n * N
+    first_dx = S * H1  # the input needs no gradient
+    return 2.0 * B * (3 * fwd + 2 * fwd - first_dx)
+
+
+def time_cuda(fn, repeats: int, sync) -> list[float]:
+    import cupy as cp
+
+    out = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        out.append(cp.cuda.get_elapsed_time(start, stop))
+    sync()
+    return out
+
+
+def bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
+    import cupy as cp
+
+    from foxhunt_core.agent import Agent
+    from foxhunt_core.config import RunSettings
+    from foxhunt_core.graphs import GraphedUpdate
+    from foxhunt_core.plugins import PluginSet
+
+    settings = RunSettings()
+    agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    batch = {
+        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
+        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
+        "terminal": cp.zeros(B, dtype=cp.float32),
+    }
+    coeff = cp.asarray(0.001, dtype=cp.float32)
+    if graphs:
+        g = GraphedUpdate(agent, B)
+        g.load_batch(batch)
+        fn = g.replay
+    else:
+        def fn():
+            agent.update(batch, coeff)
+    for _ in range(5):
+        fn()
+    cp.cuda.Device().synchronize()
+    return statistics.median(time_cuda(fn, repeats, cp.cuda.Device().synchronize))
+
+
+def bench_torch(B: int, repeats: int, kind: str) -> float:
+    import torch
+    from torch_peer import PeerNet, loss_fn, make_batch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(0)
+    net, tgt = PeerNet().cuda(), PeerNet().cuda()
+    tgt.load_state_dict(net.state_dict())
+    graph = kind in ("graph", "compile+graph")
+    opt = torch.optim.Adam(net.parameters(), lr=3e-4, capturable=graph)
+    batch = make_batch(B, "cuda")
+    lf = torch.compile(loss_fn) if "compile" in kind else loss_fn
+    params = list(net.parameters())
+
+    def step():
+        loss = lf(net, tgt, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 10.0)
+        opt.step()
+
+    def eager():
+        opt.zero_grad(set_to_none=True)
+        step()
+
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(5):
+                eager()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            step()
+        fn = g.replay
+    else:
+        fn = eager
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def gemm_ceiling(B: int, k: int, n: int, repeats: int) -> float:
+    """TF32 TFLOP/s of cupy.matmul at [B, k] x [k, n]."""
+    import cupy as cp
+
+    a = cp.random.standard_normal((B, k), dtype=cp.float32)
+    b = cp.random.standard_normal((k, n), dtype=cp.float32)
+    for _ in range(5):
+        a @ b
+    ms = statistics.median(time_cuda(lambda: a @ b, repeats, cp.cuda.Device().synchronize))
+    return 2.0 * B * k * n / (ms * 1e-3) / 1e12
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[4096, 16384, 65536])
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--skip-torch", action="store_true")
+    args = ap.parse_args()
+    import cupy as cp
+
+    from foxhunt_core.config import NetSettings
+
+    net = NetSettings()
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    rows = []
+    for B in args.batches:
+        res = {"batch": B}
+        res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True)
+        res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False)
+        if not args.skip_torch:
+            for kind in ("eager", "compile", "graph", "compile+graph"):
+                try:
+                    res[f"torch {kind}"] = bench_torch(B, args.repeats, kind)
+                except Exception as exc:  # noqa: BLE001 - report the failure in the table
+                    print(f"torch {kind} at B={B} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    res[f"torch {kind}"] = float("nan")
+        res["gemm_tflops"] = gemm_flops(net, B) / (res["foxhunt"] * 1e-3) / 1e12
+        res["ceiling_tflops"] = gemm_ceiling(B, net.shared_h1, 2 * net.adv_h, args.repeats)
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+    name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
+    print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
+    cols = ["foxhunt", "foxhunt eager", "torch eager", "torch compile", "torch graph", "torch compile+graph"]
+    cols = [c for c in cols if c in rows[0]]
+    print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
+    print("|---" * (len(cols) + 3) + "|")
+    for r in rows:
+        torch_best = min((r[c] for c in cols if c.startswith("torch") and r[c] == r[c]), default=float("nan"))
+        ratio = torch_best / r["foxhunt"]
+        print(f"| {r['batch']} | " + " | ".join(f"{r[c]:.3f}" for c in cols)
+              + f" | {ratio:.2f}x | {r['gemm_tflops']:.0f} ({r['ceiling_tflops']:.0f}) |")
+    if args.json:
+        args.json.write_text(json.dumps({"gpu": name, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
