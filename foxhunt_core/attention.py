@@ -14,11 +14,13 @@ coordinated Q of the taken actions regressed on the C51 target's expectation) te
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .net import layers as L
+from .net.layers import matmul as mm
 
 Array = Any
 PREFIX = "attn."
@@ -42,11 +44,11 @@ def forward(params: dict[str, Array], q: Array) -> tuple[Array, dict[str, Array]
     emb = params["attn.emb"]
     k = emb.shape[1]
     t = xp.concatenate([q[:, :, None], xp.broadcast_to(emb, (B, A, k))], axis=2)  # [B, A, k+1]
-    qry = t @ params["attn.wq"]
-    key = t @ params["attn.wk"]
-    scores = qry @ key.transpose(0, 2, 1) / np.sqrt(k)  # [B, A, A]
+    qry = mm(t, params["attn.wq"])
+    key = mm(t, params["attn.wk"])
+    scores = mm(qry, key.transpose(0, 2, 1)) / math.sqrt(k)  # [B, A, A]
     a = L.softmax(scores, axis=-1)
-    o = (a @ q[:, :, None])[:, :, 0]
+    o = (a * q[:, None, :]).sum(axis=2)
     g = params["attn.gate"]
     qc = q + g * (o - q)
     return qc, {"q": q, "t": t, "qry": qry, "key": key, "a": a, "o": o}
@@ -64,15 +66,15 @@ def backward(
     dq = dqc * (1.0 - g)
     da = do[:, :, None] * q[:, None, :]  # d o_i / d a_ij = q_j
     dq = dq + (a * do[:, :, None]).sum(axis=1)  # d o_i / d q_j = a_ij
-    ds = L.softmax_backward(a, da, axis=-1) / np.sqrt(k)
-    dqry = ds @ key
-    dkey = ds.transpose(0, 2, 1) @ qry
-    dt = dqry @ params["attn.wq"].T + dkey @ params["attn.wk"].T
+    ds = L.softmax_backward(a, da, axis=-1) / math.sqrt(k)
+    dqry = mm(ds, key)
+    dkey = mm(ds.transpose(0, 2, 1), qry)
+    dt = mm(dqry, params["attn.wq"].T) + mm(dkey, params["attn.wk"].T)
     dq = dq + dt[:, :, 0]
     grads = {
         "attn.emb": dt[:, :, 1:].sum(axis=0),
-        "attn.wq": (t.transpose(0, 2, 1) @ dqry).sum(axis=0),
-        "attn.wk": (t.transpose(0, 2, 1) @ dkey).sum(axis=0),
+        "attn.wq": mm(t.reshape(-1, k + 1).T, dqry.reshape(-1, k)),
+        "attn.wk": mm(t.reshape(-1, k + 1).T, dkey.reshape(-1, k)),
         "attn.gate": dgate,
     }
     return dq, grads

@@ -71,11 +71,9 @@ def project(next_probs: Array, rewards: Array, discounts: Array, z: Array) -> Ar
     mass = xp.concatenate([(next_probs * w_low).ravel(), (next_probs * w_up).ravel()])
     if xp is np:
         flat = np.bincount(idx, weights=mass, minlength=B * N)
-    else:  # CuPy: scatter_add keeps the projection on the device without a host sync
-        import cupyx
-
+    else:  # CuPy: an unbuffered add keeps the projection on the device without a host sync
         flat = xp.zeros(B * N, dtype=next_probs.dtype)
-        cupyx.scatter_add(flat, idx, mass)
+        xp.add.at(flat, idx, mass)
     return flat.reshape(B, N).astype(next_probs.dtype, copy=False)
 
 

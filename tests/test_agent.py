@@ -91,3 +91,15 @@ def test_stages_are_ordered_by_rollout_position():
     # registered in reverse order; the core orders by POSITION
     ps = _plugins(["ofi_column", "tanh_gate", "affine_post", "center"])
     assert ps.names == ["center", "affine_post", "tanh_gate", "ofi_column"]
+
+
+def test_float32_update_stays_float32():
+    """No float64 scalar may promote the float32 training path (it would also break GPU GEMMs)."""
+    rng = np.random.default_rng(9)
+    agent = Agent(_settings(), _plugins(["center", "affine_post", "tanh_gate", "ofi_column"]), np, rng)
+    batch = {k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in _batch(rng, 8).items()}
+    grads, scalars, out, q = agent.loss_and_grads(batch, 0.01)
+    for o, sub in grads.items():
+        for k, g in sub.items():
+            assert g.dtype == np.float32, f"{o}/{k} is {g.dtype}"
+    assert out.probs.dtype == np.float32 and q.q_coord.dtype == np.float32

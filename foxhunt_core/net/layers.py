@@ -12,14 +12,23 @@ from typing import Any
 Array = Any
 
 
+def matmul(a: Array, b: Array) -> Array:
+    """``a @ b``; on CuPy through :mod:`foxhunt_core.gpu.cublas` so it can be graph-captured."""
+    if type(a).__module__.startswith("cupy"):
+        from ..gpu import cublas
+
+        return cublas.matmul(a, b)
+    return a @ b
+
+
 def linear(x: Array, w: Array, b: Array) -> Array:
     """``x @ w + b`` for ``x`` [B, I], ``w`` [I, O], ``b`` [O]."""
-    return x @ w + b
+    return matmul(x, w) + b
 
 
 def linear_backward(x: Array, w: Array, dy: Array) -> tuple[Array, Array, Array]:
     """Gradients of :func:`linear`: returns ``(dx, dw, db)``."""
-    return dy @ w.T, x.T @ dy, dy.sum(axis=0)
+    return matmul(dy, w.T), matmul(x.T, dy), dy.sum(axis=0)
 
 
 def relu(x: Array) -> Array:

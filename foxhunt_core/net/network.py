@@ -90,6 +90,7 @@ class BranchingC51:
         self.num_atoms = net.num_atoms
         self.support64 = np.linspace(net.v_min, net.v_max, net.num_atoms)
         self.q_scale = float(max(abs(net.v_min), abs(net.v_max)))
+        self._supports: dict[tuple[str, str], Any] = {}
         self.gate: GateActivation = gate if gate is not None else SigmoidGate()
         self.branch_inputs = tuple(branch_inputs)
         for st in self.branch_inputs:
@@ -142,9 +143,14 @@ class BranchingC51:
         }
 
     def support(self, like: Array) -> Array:
-        """The atom support on the array module and dtype of ``like``."""
+        """The atom support on the array module and dtype of ``like`` (made once, then cached:
+        inside a CUDA-graph capture no host-to-device copy is allowed)."""
         xp = L._xp(like)
-        return xp.asarray(self.support64, dtype=like.dtype)
+        key = (xp.__name__, str(like.dtype))
+        z = self._supports.get(key)
+        if z is None:
+            z = self._supports[key] = xp.asarray(self.support64, dtype=like.dtype)
+        return z
 
     # ------------------------------------------------------------------ forward
     def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False) -> NetOutput:

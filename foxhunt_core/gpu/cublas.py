@@ -1,0 +1,171 @@
+"""GEMMs through cuBLAS, callable inside a CUDA-graph capture.
+
+CuPy refuses every cuBLAS call while a stream is capturing (its ``setStream`` guard raises),
+although cuBLAS itself supports stream capture when it is given its own workspace. So the
+GEMMs of the training step go through this small ctypes binding of ``cublasGemmEx`` and
+``cublasGemmStridedBatchedEx`` on the same ``libcublas`` that CuPy loaded, with one handle per
+device, a fixed workspace (no allocation during capture) and the stream set only when it
+changes. TF32 tensor cores are used for float32 when enabled (``CUPY_TF32=1``).
+
+Layout: arrays are row-major; an operand may be C-contiguous or the transpose view of a
+C-contiguous array (``w.T``); anything else is copied to contiguous first. The product of
+row-major ``A [M, K]`` and ``B [K, N]`` is computed as the column-major ``C^T = B^T A^T``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from typing import Any
+
+OP_N, OP_T = 0, 1
+R_32F, R_64F = 0, 1
+COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
+GEMM_DEFAULT = -1
+WORKSPACE_BYTES = 32 << 20
+
+_lib: Any = None
+_handles: dict[int, _Handle] = {}
+
+
+class CublasError(RuntimeError):
+    pass
+
+
+def _load() -> Any:
+    global _lib
+    if _lib is None:
+        import cupy  # noqa: F401 - makes sure CuPy's libcublas is loaded first
+        from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401
+
+        names = [n for n in ("libcublas.so.13", "libcublas.so.12", "libcublas.so") if n]
+        found = ctypes.util.find_library("cublas")
+        if found:
+            names.append(found)
+        last = None
+        for n in names:
+            try:
+                _lib = ctypes.CDLL(n)
+                break
+            except OSError as exc:
+                last = exc
+        if _lib is None:
+            raise CublasError(f"cannot load libcublas ({last})")
+        vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        _lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+        _lib.cublasSetStream_v2.argtypes = [vp, vp]
+        _lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+        _lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        _lib.cublasGemmStridedBatchedEx.argtypes = [
+            vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i]
+    return _lib
+
+
+class _Handle:
+    def __init__(self) -> None:
+        import cupy
+
+        lib = _load()
+        h = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        self.ptr = h
+        self.stream = None
+        self.workspace = cupy.cuda.memory.alloc(WORKSPACE_BYTES)  # persistent, outside any pool
+        self.tf32 = os.environ.get("CUPY_TF32", "0") == "1"
+
+    def bind(self, stream_ptr: int) -> None:
+        if stream_ptr != self.stream:
+            lib = _load()
+            _check(lib.cublasSetStream_v2(self.ptr, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+            # Setting the stream resets the workspace to cuBLAS's own pool: give ours back.
+            _check(lib.cublasSetWorkspace_v2(self.ptr, ctypes.c_void_p(self.workspace.ptr),
+                                             WORKSPACE_BYTES), "cublasSetWorkspace")
+            self.stream = stream_ptr
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasError(f"{what} failed with cuBLAS status {status}")
+
+
+def _handle() -> _Handle:
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    h = _handles.get(dev)
+    if h is None:
+        h = _handles[dev] = _Handle()
+    h.bind(cupy.cuda.get_current_stream().ptr)
+    return h
+
+
+def _operand(x: Any) -> tuple[Any, int, int]:
+    """``(array, op, ld)`` of a row-major 2-D operand (or per-matrix layout of a 3-D one)."""
+    isz = x.itemsize
+    r, c = x.strides[-2] // isz, x.strides[-1] // isz
+    rows, cols = x.shape[-2], x.shape[-1]
+    if c == 1 and (r >= max(cols, 1) or rows == 1):
+        return x, OP_N, max(r, cols, 1)
+    if r == 1 and (c >= max(rows, 1) or cols == 1):
+        return x, OP_T, max(c, rows, 1)
+    import cupy
+
+    y = cupy.ascontiguousarray(x)
+    return y, OP_N, max(cols, 1)
+
+
+def _types(dtype: Any) -> tuple[int, int, Any]:
+    import numpy as np
+
+    if dtype == np.float32:
+        tf32 = os.environ.get("CUPY_TF32", "0") == "1"
+        return R_32F, (COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F), ctypes.c_float
+    if dtype == np.float64:
+        return R_64F, COMPUTE_64F, ctypes.c_double
+    raise TypeError(f"cublas gemm: unsupported dtype {dtype}")
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``a @ b`` for 2-D/2-D, 3-D/2-D and 3-D/3-D (batched) float32/float64 CuPy arrays."""
+    import cupy
+
+    if a.dtype != b.dtype:
+        raise TypeError(f"cublas matmul: dtypes differ ({a.dtype}, {b.dtype})")
+    if a.ndim == 3 and b.ndim == 2:
+        a2 = a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+        return matmul(a2.reshape(-1, a.shape[2]), b).reshape(a.shape[0], a.shape[1], b.shape[1])
+    if a.ndim != b.ndim or a.ndim not in (2, 3):
+        raise ValueError(f"cublas matmul: unsupported shapes {a.shape} @ {b.shape}")
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-1]
+    if b.shape[-2] != K or (a.ndim == 3 and a.shape[0] != b.shape[0]):
+        raise ValueError(f"cublas matmul: shapes {a.shape} and {b.shape} do not align")
+    batch = a.shape[0] if a.ndim == 3 else 1
+    out = cupy.empty(((batch,) if a.ndim == 3 else ()) + (M, N), dtype=a.dtype)
+    if M == 0 or N == 0 or batch == 0:
+        return out
+    if K == 0:
+        out.fill(0)
+        return out
+    dtype_id, compute, scalar = _types(a.dtype)
+    a, op_a, lda = _operand(a)
+    b, op_b, ldb = _operand(b)
+    h = _handle()
+    alpha, beta = scalar(1.0), scalar(0.0)
+    lib = _load()
+    if a.ndim == 2:
+        st = lib.cublasGemmEx(
+            h.ptr, op_b, op_a, N, M, K, ctypes.byref(alpha), ctypes.c_void_p(b.data.ptr), dtype_id, ldb,
+            ctypes.c_void_p(a.data.ptr), dtype_id, lda, ctypes.byref(beta), ctypes.c_void_p(out.data.ptr),
+            dtype_id, N, compute, GEMM_DEFAULT)
+        _check(st, "cublasGemmEx")
+    else:
+        isz = a.itemsize
+        st = lib.cublasGemmStridedBatchedEx(
+            h.ptr, op_b, op_a, N, M, K, ctypes.byref(alpha), ctypes.c_void_p(b.data.ptr), dtype_id, ldb,
+            b.strides[0] // isz, ctypes.c_void_p(a.data.ptr), dtype_id, lda, a.strides[0] // isz,
+            ctypes.byref(beta), ctypes.c_void_p(out.data.ptr), dtype_id, N, M * N, batch, compute,
+            GEMM_DEFAULT)
+        _check(st, "cublasGemmStridedBatchedEx")
+    return out
