@@ -1,0 +1,16 @@
+"""The engine's CUDA path: custom kernels for the elementwise and reduction work of a training
+update, so that an update is cuBLAS GEMMs plus a few fused kernels, capturable as a CUDA graph.
+
+- :mod:`.kernels` — every launch wrapper (typed, checked, ``out=`` buffers, no host sync);
+  :mod:`.qkernels` (attention, Q-statistics, Boltzmann) and :mod:`.optim` (Adam) hold some of them.
+- :mod:`.launch` — kernel loading (``backend.load_module``), default compile-time sizes, grids.
+- :mod:`.flat` — :class:`FlatTree`, one flat buffer per parameter tree with per-tensor views.
+- :mod:`.philox` — Philox4x32-10 in NumPy, the twin of the kernels' generator.
+- :mod:`.reference` — the NumPy twins that the parity tests in ``tests/gpu`` compare against.
+
+CUDA sources live in ``foxhunt_core/kernels/*.cu``. Importing this package never imports CuPy.
+"""
+
+from .flat import FlatTree
+
+__all__ = ["FlatTree"]

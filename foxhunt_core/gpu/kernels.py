@@ -1,0 +1,348 @@
+"""Typed launch wrappers of the core's CUDA kernels (``foxhunt_core/kernels/*.cu``).
+
+Every wrapper checks dtype, shape and contiguity of its arrays (errors name the kernel), accepts
+preallocated outputs (keyword arguments named like the outputs) and then neither allocates nor
+synchronizes with the host: it only launches on the current CuPy stream, so a sequence of them
+can be captured into a CUDA graph and replayed. Without an output argument a new array is
+allocated (convenient outside graph capture). Scalars are passed by value as float32/int32.
+
+Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
+
+- ``dueling_softmax_forward``: ``network.py`` dueling ``V + A - mean A``, ``layers.log_softmax``,
+  ``qpipe.expected_q``; a warp per (sample, branch).
+- ``dueling_backward``: ``network.py`` ``dadv = dl - mean dl``, ``dv = sum_a dl``, with the
+  direction-conditioning term of ``expected_q_backward`` optionally fused; a warp per sample.
+- ``expected_q_backward``: ``network.py`` ``dq * p * (z - q)``; a thread per element.
+- ``c51_target_loss``: ``c51.project`` + ``c51.loss_and_grad`` (gradient / (B D), as
+  ``agent.py``); a warp per (sample, branch).
+- ``glu_forward/backward``, ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
+  the GLU, trunk and VSN lines of ``network.py`` with ``layers.sigmoid/relu``; a thread per element.
+- ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
+  per sample, then a deterministic two-pass reduction of the parameter gradients.
+- ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
+- ``boltzmann_select`` (:mod:`.qkernels`): ``explore.boltzmann_select`` fed by :mod:`.philox`;
+  a thread per sample.
+- ``adam_step`` (:mod:`.optim`): ``optim.Adam.step`` over a :class:`.flat.FlatTree`; multi-block
+  norm, one-warp prepare, a thread per element.
+
+Shapes: ``B`` samples, ``A`` actions in branches given by ``offsets`` (``(0, 3, 6, 9, 12)``),
+``N`` atoms on the support ``z`` [N] (``z_j = v_min + j dz``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..backend import check_array
+from .launch import (
+    DEFAULT_DEFINES,
+    THREADS,
+    blocks_for,
+    branch_defines,
+    f32,
+    i32,
+    i64,
+    output,
+    sm_count,
+    validate_offsets,
+)
+from .launch import get_kernel as _kernel
+from .optim import adam_step, adam_workspace
+from .qkernels import (
+    attention_backward,
+    attention_forward,
+    attention_workspace,
+    boltzmann_select,
+    q_stats_keys,
+    q_stats_reduce,
+    q_stats_workspace,
+)
+
+__all__ = [
+    "DEFAULT_DEFINES",
+    "adam_step",
+    "adam_workspace",
+    "attention_backward",
+    "attention_forward",
+    "attention_workspace",
+    "bias_relu_forward",
+    "boltzmann_select",
+    "c51_target_loss",
+    "dueling_backward",
+    "dueling_softmax_forward",
+    "expected_q_backward",
+    "glu_backward",
+    "glu_forward",
+    "q_stats_keys",
+    "q_stats_reduce",
+    "q_stats_workspace",
+    "relu_backward",
+    "vsn_backward",
+    "vsn_forward",
+]
+
+Array = Any
+F32 = np.float32
+WARPS = THREADS // 32
+
+
+def _elementwise_grid(total: int) -> int:
+    return blocks_for(total, THREADS, 32 * sm_count())
+
+
+# ------------------------------------------------------------------ dueling.cu
+def dueling_softmax_forward(
+    v: Array,
+    adv: Array,
+    z: Array,
+    offsets: Sequence[int],
+    *,
+    branches: tuple[int, int] | None = None,
+    log_probs: Array | None = None,
+    probs: Array | None = None,
+    q: Array | None = None,
+    var: Array | None = None,
+) -> tuple[Array, Array, Array, Array]:
+    """Dueling logits ``v + adv - mean_branch(adv)``, log-softmax over atoms, E[Q] and Var[Q].
+
+    Args:
+        v: [B, N] value head; adv: [B, A, N] advantages; z: [N] support.
+        offsets: branch boundaries in the action axis.
+        branches: ``(first, end)`` to compute only those branches (the rest of the outputs is
+            left untouched), e.g. ``(0, 1)`` for the direction branch the magnitude branch reads.
+
+    Returns:
+        ``(log_probs [B, A, N], probs [B, A, N], q [B, A], var [B, A])``.
+    """
+    k = "dueling_softmax_forward"
+    check_array(k, "adv", adv, F32, (None, None, None))
+    B, A, N = adv.shape
+    offs = validate_offsets(k, offsets, A)
+    D = len(offs) - 1
+    d0, d1 = branches if branches is not None else (0, D)
+    if not 0 <= d0 < d1 <= D:
+        raise ValueError(f"{k}: branches {branches} outside 0..{D}")
+    check_array(k, "v", v, F32, (B, N))
+    check_array(k, "z", z, F32, (N,))
+    log_probs = output(k, "log_probs", log_probs, (B, A, N))
+    probs = output(k, "probs", probs, (B, A, N))
+    q = output(k, "q", q, (B, A))
+    var = output(k, "var", var, (B, A))
+    fn = _kernel("dueling.cu", k, branch_defines(offs, N))
+    grid = blocks_for(B * (d1 - d0), WARPS)
+    fn((grid,), (THREADS,), (v, adv, z, log_probs, probs, q, var, i32(B), i32(d0), i32(d1)))
+    return log_probs, probs, q, var
+
+
+def dueling_backward(
+    dlogits: Array,
+    z: Array,
+    offsets: Sequence[int],
+    *,
+    dq: Array | None = None,
+    probs: Array | None = None,
+    q: Array | None = None,
+    dv: Array | None = None,
+    dadv: Array | None = None,
+) -> tuple[Array, Array]:
+    """Backward of the dueling aggregation: ``(dv [B, N], dadv [B, A, N])``.
+
+    With ``dq`` [B, A] (and the forward's ``probs``, ``q``) the expected-Q gradient
+    ``dq * p * (z - q)`` is added to ``dlogits`` first — the magnitude branch's conditioning on the
+    direction branch's Q (pass zeros outside the direction branch).
+    """
+    k = "dueling_backward"
+    check_array(k, "dlogits", dlogits, F32, (None, None, None))
+    B, A, N = dlogits.shape
+    offs = validate_offsets(k, offsets, A)
+    check_array(k, "z", z, F32, (N,))
+    if dq is not None:
+        if probs is None or q is None:
+            raise ValueError(f"{k}: dq needs the forward's probs and q")
+        check_array(k, "dq", dq, F32, (B, A))
+        check_array(k, "probs", probs, F32, (B, A, N))
+        check_array(k, "q", q, F32, (B, A))
+    dv = output(k, "dv", dv, (B, N))
+    dadv = output(k, "dadv", dadv, (B, A, N))
+    fn = _kernel("dueling.cu", k, branch_defines(offs, N))
+    fn((blocks_for(B, WARPS),), (THREADS,), (dlogits, dq, probs, q, z, dv, dadv, i32(B)))
+    return dv, dadv
+
+
+def expected_q_backward(
+    dq: Array, probs: Array, q: Array, z: Array, *, out: Array | None = None, accumulate: bool = False
+) -> Array:
+    """``dlogits[b, a, j] = dq[b, a] p[b, a, j] (z_j - q[b, a])``; ``accumulate`` adds it to ``out``."""
+    k = "expected_q_backward"
+    check_array(k, "probs", probs, F32, (None, None, None))
+    B, A, N = probs.shape
+    check_array(k, "dq", dq, F32, (B, A))
+    check_array(k, "q", q, F32, (B, A))
+    check_array(k, "z", z, F32, (N,))
+    if accumulate and out is None:
+        raise ValueError(f"{k}: accumulate=True needs out")
+    out = output(k, "out", out, (B, A, N))
+    total = B * A * N
+    fn = _kernel("dueling.cu", k, {"NUM_ATOMS": N})
+    fn((_elementwise_grid(total),), (THREADS,), (dq, probs, q, z, out, i64(total), i32(int(accumulate))))
+    return out
+
+
+# ------------------------------------------------------------------ c51_loss.cu
+def c51_target_loss(
+    p_next: Array,
+    reward: Array,
+    discount: Array,
+    log_probs_taken: Array,
+    z: Array,
+    entropy_coeff: float,
+    *,
+    grad_scale: float | None = None,
+    m: Array | None = None,
+    dlogits: Array | None = None,
+    loss: Array | None = None,
+    entropy: Array | None = None,
+) -> tuple[Array, Array, Array, Array]:
+    """C51 target projection (Eq. 7) and the loss ``CE(m, p) - entropy_coeff H(p)`` per (b, d).
+
+    Args:
+        p_next: [B, D, N] target distribution of each branch's bootstrap action.
+        reward, discount: [B]; ``discount = gamma (1 - terminal)``.
+        log_probs_taken: [B, D, N] online log-probabilities of the taken actions.
+        grad_scale: multiplies the gradient; default ``1 / (B D)`` (the mean over samples and branches).
+
+    Returns:
+        ``(m [B, D, N], dlogits_taken [B, D, N], loss [B, D], entropy [B, D])``; the loss and the
+        entropy are not scaled.
+    """
+    k = "c51_target_loss"
+    check_array(k, "p_next", p_next, F32, (None, None, None))
+    B, D, N = p_next.shape
+    check_array(k, "reward", reward, F32, (B,))
+    check_array(k, "discount", discount, F32, (B,))
+    check_array(k, "log_probs_taken", log_probs_taken, F32, (B, D, N))
+    check_array(k, "z", z, F32, (N,))
+    scale = 1.0 / (B * D) if grad_scale is None else float(grad_scale)
+    m = output(k, "m", m, (B, D, N))
+    dlogits = output(k, "dlogits", dlogits, (B, D, N))
+    loss = output(k, "loss", loss, (B, D))
+    entropy = output(k, "entropy", entropy, (B, D))
+    fn = _kernel("c51_loss.cu", k, {"NUM_ATOMS": N})
+    fn(
+        (blocks_for(B * D, WARPS),),
+        (THREADS,),
+        (p_next, reward, discount, log_probs_taken, z, f32(entropy_coeff), f32(scale),
+         m, dlogits, loss, entropy, i32(B), i32(D)),
+    )
+    return m, dlogits, loss, entropy
+
+
+# ------------------------------------------------------------------ elementwise.cu
+def _matrix(k: str, name: str, a: Array) -> tuple[int, int]:
+    check_array(k, name, a, F32, (None, None))
+    return a.shape
+
+
+def glu_forward(
+    pre_gate: Array,
+    val: Array,
+    *,
+    gate_bias: Array | None = None,
+    val_bias: Array | None = None,
+    gate: Array | None = None,
+    h: Array | None = None,
+) -> tuple[Array, Array]:
+    """GLU: ``gate = sigmoid(pre_gate + gate_bias)``, ``h = gate * (val + val_bias)``.
+
+    ``pre_gate``/``val`` [B, H] are the GEMM outputs ``u W_gate``/``u W_val``. With ``val_bias``
+    the biased value is written back into ``val`` (the backward needs it). Returns ``(gate, h)``.
+    """
+    k = "glu_forward"
+    B, H = _matrix(k, "pre_gate", pre_gate)
+    check_array(k, "val", val, F32, (B, H))
+    for name, b in (("gate_bias", gate_bias), ("val_bias", val_bias)):
+        if b is not None:
+            check_array(k, name, b, F32, (H,))
+    gate = output(k, "gate", gate, (B, H))
+    h = output(k, "h", h, (B, H))
+    total = B * H
+    _kernel("elementwise.cu", k)(
+        (_elementwise_grid(total),), (THREADS,),
+        (pre_gate, val, gate_bias, val_bias, gate, h, i64(total), i32(H)),
+    )
+    return gate, h
+
+
+def glu_backward(
+    dh: Array, gate: Array, val: Array, *, dpre_gate: Array | None = None, dval: Array | None = None
+) -> tuple[Array, Array]:
+    """``(dpre_gate, dval) = (dh * val * gate * (1 - gate), dh * gate)`` for the sigmoid GLU."""
+    k = "glu_backward"
+    B, H = _matrix(k, "dh", dh)
+    check_array(k, "gate", gate, F32, (B, H))
+    check_array(k, "val", val, F32, (B, H))
+    dpre_gate = output(k, "dpre_gate", dpre_gate, (B, H))
+    dval = output(k, "dval", dval, (B, H))
+    total = B * H
+    _kernel("elementwise.cu", k)(
+        (_elementwise_grid(total),), (THREADS,), (dh, gate, val, dpre_gate, dval, i64(total))
+    )
+    return dpre_gate, dval
+
+
+def bias_relu_forward(x: Array, bias: Array, *, out: Array | None = None) -> Array:
+    """``relu(x + bias)`` for ``x`` [B, H] (the GEMM output), ``bias`` [H]; ``out=x`` runs in place."""
+    k = "bias_relu_forward"
+    B, H = _matrix(k, "x", x)
+    check_array(k, "bias", bias, F32, (H,))
+    out = output(k, "out", out, (B, H))
+    total = B * H
+    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,), (x, bias, out, i64(total), i32(H)))
+    return out
+
+
+def relu_backward(dy: Array, y: Array, *, addend: Array | None = None, out: Array | None = None) -> Array:
+    """``(dy + addend) * (y > 0)`` from the ReLU's output ``y``; ``addend`` is optional."""
+    k = "relu_backward"
+    B, H = _matrix(k, "dy", dy)
+    check_array(k, "y", y, F32, (B, H))
+    if addend is not None:
+        check_array(k, "addend", addend, F32, (B, H))
+    out = output(k, "out", out, (B, H))
+    total = B * H
+    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,), (dy, y, addend, out, i64(total)))
+    return out
+
+
+def vsn_forward(
+    h2: Array, mpre: Array, *, bias: Array | None = None, m: Array | None = None, z: Array | None = None
+) -> tuple[Array, Array]:
+    """Variable-selection mask: ``m = sigmoid(mpre + bias)``, ``z = h2 * m``; returns ``(m, z)``."""
+    k = "vsn_forward"
+    B, H = _matrix(k, "h2", h2)
+    check_array(k, "mpre", mpre, F32, (B, H))
+    if bias is not None:
+        check_array(k, "bias", bias, F32, (H,))
+    m = output(k, "m", m, (B, H))
+    z = output(k, "z", z, (B, H))
+    total = B * H
+    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,), (h2, mpre, bias, m, z, i64(total), i32(H)))
+    return m, z
+
+
+def vsn_backward(
+    dz: Array, h2: Array, m: Array, *, dh2: Array | None = None, dmpre: Array | None = None
+) -> tuple[Array, Array]:
+    """``(dh2, dmpre) = (dz * m, dz * h2 * m * (1 - m))`` — the mask's share of ``dh2`` and its pre-activation."""
+    k = "vsn_backward"
+    B, H = _matrix(k, "dz", dz)
+    check_array(k, "h2", h2, F32, (B, H))
+    check_array(k, "m", m, F32, (B, H))
+    dh2 = output(k, "dh2", dh2, (B, H))
+    dmpre = output(k, "dmpre", dmpre, (B, H))
+    total = B * H
+    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,), (dz, h2, m, dh2, dmpre, i64(total)))
+    return dh2, dmpre

@@ -1,0 +1,125 @@
+"""What every launch wrapper shares: the kernel directory, the default compile-time sizes, the
+cached kernel lookup, output checks and grid sizes.
+
+Nothing here imports CuPy at import time (the CPU-only CI imports :data:`DEFAULT_DEFINES` to
+compile the ``.cu`` files with ``nvcc``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backend import check_array, load_module
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+# The compile-time sizes of the default network (NetSettings defaults). Every .cu file
+# #ifndef-defaults the same values, and tests/test_kernels_compile.py passes these as -D flags.
+DEFAULT_DEFINES: dict[str, str] = {
+    "NUM_ATOMS": "51",
+    "NUM_ACTIONS": "12",
+    "NUM_BRANCHES": "4",
+    "BRANCH_OFFSETS": "{0,3,6,9,12}",
+    "MAX_BRANCH_SIZE": "3",
+    "ATTN_DIM": "8",
+}
+
+THREADS = 256  # threads per block of the grid-stride kernels
+MAX_PARTIALS = 1024  # most blocks of a multi-block reduction (rows of its partial sums)
+
+_FUNCS: dict[tuple[Any, ...], Any] = {}
+_SM_COUNT: dict[int, int] = {}
+
+
+def get_kernel(cu_file: str, name: str, defines: dict[str, Any] | None = None) -> Any:
+    """The ``RawKernel`` ``name`` of ``kernels/<cu_file>`` compiled with ``defines`` (cached per device)."""
+    import cupy
+
+    defs = tuple(sorted((str(k), str(v)) for k, v in (defines or {}).items()))
+    key = (cupy.cuda.Device().id, cu_file, defs, name)
+    fn = _FUNCS.get(key)
+    if fn is None:
+        fn = load_module(str(KERNEL_DIR / cu_file), dict(defs)).get_function(name)
+        _FUNCS[key] = fn
+    return fn
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current device (cached)."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    n = _SM_COUNT.get(dev.id)
+    if n is None:
+        n = int(dev.attributes["MultiProcessorCount"])
+        _SM_COUNT[dev.id] = n
+    return n
+
+
+def validate_offsets(kernel: str, offsets: Sequence[int], num_actions: int, min_size: int = 1) -> tuple[int, ...]:
+    """Branch boundaries as a tuple, checked: start at 0, end at ``num_actions``, sizes >= ``min_size``."""
+    offs = tuple(int(o) for o in offsets)
+    sizes = [b - a for a, b in zip(offs[:-1], offs[1:])]
+    if len(offs) < 2 or offs[0] != 0 or offs[-1] != num_actions or min(sizes) < min_size:
+        raise ValueError(
+            f"{kernel}: offsets {offs} must rise from 0 to {num_actions} in steps of at least {min_size}"
+        )
+    return offs
+
+
+def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None) -> dict[str, str]:
+    """Compile-time sizes for a branch layout (and an atom count)."""
+    sizes = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+    defs = {
+        "NUM_ACTIONS": str(offsets[-1]),
+        "NUM_BRANCHES": str(len(sizes)),
+        "BRANCH_OFFSETS": "{" + ",".join(str(o) for o in offsets) + "}",
+        "MAX_BRANCH_SIZE": str(max(sizes)),
+    }
+    if num_atoms is not None:
+        defs["NUM_ATOMS"] = str(int(num_atoms))
+    return defs
+
+
+def output(kernel: str, name: str, a: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+    """``a`` checked against ``shape``/``dtype``, or a new uninitialized array when ``a`` is None."""
+    if a is None:
+        import cupy
+
+        return cupy.empty(shape, dtype=dtype)
+    check_array(kernel, name, a, dtype, shape)
+    return a
+
+
+def check_vector(kernel: str, name: str, a: Any, size: int, dtype: Any = np.float32) -> None:
+    check_array(kernel, name, a, dtype, (size,))
+
+
+def blocks_for(work_items: int, per_block: int, cap: int | None = None) -> int:
+    """Blocks to cover ``work_items`` at ``per_block`` each, at least 1, at most ``cap``."""
+    n = max(1, -(-int(work_items) // per_block))
+    return min(n, cap) if cap is not None else n
+
+
+def reduction_blocks(work_items: int, per_block: int, blocks_per_sm: int) -> int:
+    """Blocks of a grid-stride multi-block reduction: as many as the device holds at once
+    (``blocks_per_sm``, from the kernel's registers and shared memory), at most ``MAX_PARTIALS``."""
+    return blocks_for(work_items, per_block, min(MAX_PARTIALS, blocks_per_sm * sm_count()))
+
+
+def f32(x: float) -> np.float32:
+    return np.float32(x)
+
+
+def i32(x: int) -> np.int32:
+    if not -(2**31) <= int(x) < 2**31:
+        raise ValueError(f"{x} does not fit a 32-bit int")
+    return np.int32(x)
+
+
+def i64(x: int) -> np.int64:
+    return np.int64(x)

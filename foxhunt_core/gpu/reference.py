@@ -1,0 +1,117 @@
+"""NumPy twins of the CUDA kernels, built from the core's own functions wherever they exist.
+
+Each function takes and returns NumPy arrays with the kernel wrapper's shapes and computes in the
+dtype it is given (the parity tests pass float64 copies of the float32 kernel inputs). They are
+the oracles of ``tests/gpu``; the core modules they call are the product's CPU path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import c51, explore
+from ..net import layers as L
+from ..qpipe import QOut, expected_q, q_statistics
+from .philox import boltzmann_uniforms
+
+Array = np.ndarray
+
+
+def _branch_mean(x: Array, offsets: Sequence[int]) -> Array:
+    """Mean over each branch's actions, broadcast back to every action of the branch: [B, A, N]."""
+    out = np.empty_like(x)
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        out[:, a:b] = x[:, a:b].mean(axis=1, keepdims=True)
+    return out
+
+
+def dueling_softmax_forward(v: Array, adv: Array, z: Array, offsets: Sequence[int]) -> tuple[Array, ...]:
+    """``(log_probs, probs, q, var)`` of the dueling logits ``v + adv - mean_branch adv``."""
+    logits = v[:, None, :] + adv - _branch_mean(adv, offsets)
+    log_probs = L.log_softmax(logits)
+    probs = np.exp(log_probs)
+    q, var = expected_q(probs, z)
+    return log_probs, probs, q, var
+
+
+def expected_q_backward(dq: Array, probs: Array, q: Array, z: Array) -> Array:
+    """``dq * p * (z - q)``: the gradient of ``q = sum_j p_j z_j`` with respect to the logits."""
+    return dq[:, :, None] * probs * (z - q[:, :, None])
+
+
+def dueling_backward(
+    dlogits: Array,
+    offsets: Sequence[int],
+    dq: Array | None = None,
+    probs: Array | None = None,
+    q: Array | None = None,
+    z: Array | None = None,
+) -> tuple[Array, Array]:
+    """``(dv, dadv)`` of the dueling aggregation, with the optional expected-Q term added first."""
+    dl = dlogits if dq is None else dlogits + expected_q_backward(dq, probs, q, z)
+    return dl.sum(axis=1), dl - _branch_mean(dl, offsets)
+
+
+def c51_target_loss(
+    p_next: Array,
+    reward: Array,
+    discount: Array,
+    log_probs_taken: Array,
+    z: Array,
+    entropy_coeff: float,
+    grad_scale: float | None = None,
+) -> tuple[Array, Array, Array, Array]:
+    """``(m, dlogits, loss, entropy)`` as ``agent.Agent.loss_and_grads`` forms them."""
+    B, D, N = p_next.shape
+    m = c51.project(p_next.reshape(B * D, N), np.repeat(reward, D), np.repeat(discount, D), z).reshape(B, D, N)
+    loss, dl, ent = c51.loss_and_grad(log_probs_taken, m, entropy_coeff)
+    scale = 1.0 / (B * D) if grad_scale is None else grad_scale
+    return m, dl * scale, loss, ent
+
+
+def glu_forward(pre_gate: Array, val: Array, gate_bias: Array | None = None,
+                val_bias: Array | None = None) -> tuple[Array, Array, Array]:
+    """``(gate, h, biased val)``."""
+    pre = pre_gate if gate_bias is None else pre_gate + gate_bias
+    val = val if val_bias is None else val + val_bias
+    gate = L.sigmoid(pre)
+    return gate, gate * val, val
+
+
+def glu_backward(dh: Array, gate: Array, val: Array) -> tuple[Array, Array]:
+    return L.sigmoid_backward(gate, dh * val), dh * gate
+
+
+def bias_relu_forward(x: Array, bias: Array) -> Array:
+    return L.relu(x + bias)
+
+
+def relu_backward(dy: Array, y: Array, addend: Array | None = None) -> Array:
+    return L.relu_backward(y, dy if addend is None else dy + addend)
+
+
+def vsn_forward(h2: Array, mpre: Array, bias: Array | None = None) -> tuple[Array, Array]:
+    m = L.sigmoid(mpre if bias is None else mpre + bias)
+    return m, h2 * m
+
+
+def vsn_backward(dz: Array, h2: Array, m: Array) -> tuple[Array, Array]:
+    return dz * m, L.sigmoid_backward(m, dz * h2)
+
+
+def q_stats(q_coord: Array, q_raw: Array, probs: Array, offsets: Sequence[int], mass_threshold: float) -> Array:
+    """``qpipe.q_statistics`` as a vector in the order of ``qkernels.q_stats_keys``."""
+    rec = q_statistics(QOut(q_raw, np.zeros_like(q_raw), q_coord), probs, tuple(offsets), mass_threshold)
+    D = len(offsets) - 1
+    keys = (["q_min", "q_max", "q_mean", "q_var", "raw_q_mean", "atom_entropy", "atom_utilization"]
+            + [f"q_gap_{d}" for d in range(D)] + ["avg_max_q"])
+    return np.array([rec[k] for k in keys])
+
+
+def boltzmann_select(values: Array, offsets: Sequence[int], temps: Array, seed: int, counter: int) -> Array:
+    """``explore.boltzmann_select`` fed with the Philox uniforms the GPU kernel draws."""
+    B = values.shape[0]
+    u = boltzmann_uniforms(seed, counter, B, len(offsets) - 1)
+    return explore.boltzmann_select(values, tuple(offsets), temps, u)

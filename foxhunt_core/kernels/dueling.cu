@@ -1,0 +1,248 @@
+// Dueling aggregation, log-softmax over atoms and expected Q: forward and backward.
+//
+// NumPy twins: foxhunt_core/net/network.py (BranchingC51.forward / .backward, the lines around
+// "V + Adv - mean_a Adv"), foxhunt_core/net/layers.py (log_softmax) and
+// foxhunt_core/qpipe.py (expected_q). Launch wrappers: foxhunt_core/gpu/kernels.py.
+//
+// Compile-time sizes (load_module's #define preamble; the defaults below match
+// foxhunt_core.gpu.kernels.DEFAULT_DEFINES):
+//   NUM_ATOMS        N, atoms per distribution
+//   NUM_ACTIONS      A, actions over all branches
+//   NUM_BRANCHES     D
+//   BRANCH_OFFSETS   {o_0, ..., o_D}: branch d owns actions [o_d, o_{d+1})
+//   MAX_BRANCH_SIZE  the largest o_{d+1} - o_d
+//
+// Thread mapping: one warp per (sample, branch) in the forward, one warp per sample in the
+// backward (the value-head gradient sums over every branch). Lane l holds atoms l, l + 32, ...
+
+#ifndef NUM_ATOMS
+#define NUM_ATOMS 51
+#endif
+#ifndef NUM_ACTIONS
+#define NUM_ACTIONS 12
+#endif
+#ifndef NUM_BRANCHES
+#define NUM_BRANCHES 4
+#endif
+#ifndef BRANCH_OFFSETS
+#define BRANCH_OFFSETS {0, 3, 6, 9, 12}
+#endif
+#ifndef MAX_BRANCH_SIZE
+#define MAX_BRANCH_SIZE 3
+#endif
+
+#define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
+#define FULL_MASK 0xffffffffu
+
+__constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+// logits[b, a, :] = v[b, :] + adv[b, a, :] - mean_{a' in branch(a)} adv[b, a', :]
+// log_probs = log_softmax(logits) over atoms, probs = exp(log_probs),
+// q = sum_j p_j z_j, var = max(sum_j p_j z_j^2 - q^2, 0).
+// Only branches [branch_begin, branch_end) are computed (the magnitude branch reads the
+// direction branch's Q, so the network may run the direction branch first).
+extern "C" __global__ void dueling_softmax_forward(
+    const float* __restrict__ v,          // [B, N]
+    const float* __restrict__ adv,        // [B, A, N]
+    const float* __restrict__ z,          // [N]
+    float* __restrict__ log_probs,        // [B, A, N]
+    float* __restrict__ probs,            // [B, A, N]
+    float* __restrict__ q,                // [B, A]
+    float* __restrict__ var,              // [B, A]
+    int batch, int branch_begin, int branch_end)
+{
+    const int lane = threadIdx.x & 31;
+    const int warps_per_block = blockDim.x >> 5;
+    const int nbr = branch_end - branch_begin;
+    const long long rows = (long long)batch * nbr;
+    const float neg_inf = __int_as_float(0xff800000);
+
+    float zz[ATOMS_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
+    }
+
+    for (long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); row < rows;
+         row += (long long)gridDim.x * warps_per_block) {
+        const long long b = row / nbr;
+        const int d = branch_begin + (int)(row % nbr);
+        const int a0 = kBranchOffsets[d];
+        const int n = kBranchOffsets[d + 1] - a0;
+
+        float vv[ATOMS_PER_LANE], mean[ATOMS_PER_LANE];
+        float ad[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            const int j = lane + 32 * k;
+            vv[k] = j < NUM_ATOMS ? v[b * NUM_ATOMS + j] : 0.0f;
+            mean[k] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                const bool ok = i < n && j < NUM_ATOMS;
+                ad[i][k] = ok ? adv[(b * NUM_ACTIONS + a0 + i) * NUM_ATOMS + j] : 0.0f;
+                mean[k] += ad[i][k];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) mean[k] /= (float)n;
+
+#pragma unroll
+        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+            if (i >= n) break;
+            float lg[ATOMS_PER_LANE];
+            float mx = neg_inf;
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                lg[k] = j < NUM_ATOMS ? (vv[k] + ad[i][k]) - mean[k] : neg_inf;
+                mx = fmaxf(mx, lg[k]);
+            }
+            mx = warp_max(mx);
+            float se = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                lg[k] -= mx;  // padded atoms stay at -inf and contribute exp(-inf) = 0
+                se += expf(lg[k]);
+            }
+            const float lse = logf(warp_sum(se));
+            float s1 = 0.0f, s2 = 0.0f;
+            const long long base = (b * NUM_ACTIONS + a0 + i) * NUM_ATOMS;
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                if (j < NUM_ATOMS) {
+                    const float lp = lg[k] - lse;
+                    const float p = expf(lp);
+                    log_probs[base + j] = lp;
+                    probs[base + j] = p;
+                    s1 += p * zz[k];
+                    s2 += p * zz[k] * zz[k];
+                }
+            }
+            s1 = warp_sum(s1);
+            s2 = warp_sum(s2);
+            if (lane == 0) {
+                q[b * NUM_ACTIONS + a0 + i] = s1;
+                var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2 - s1 * s1, 0.0f);
+            }
+        }
+    }
+}
+
+// Backward of the dueling aggregation, with the expected-Q path optionally fused in:
+//   dl[b, a, j] = dlogits[b, a, j] + dq[b, a] * p[b, a, j] * (z_j - q[b, a])   (dq may be null)
+//   dv[b, j]    = sum_a dl[b, a, j]
+//   dadv[b, a, j] = dl[b, a, j] - mean_{a' in branch(a)} dl[b, a', j]
+extern "C" __global__ void dueling_backward(
+    const float* __restrict__ dlogits,    // [B, A, N]
+    const float* __restrict__ dq,         // [B, A] or null
+    const float* __restrict__ probs,      // [B, A, N] (read only when dq is given)
+    const float* __restrict__ q,          // [B, A]    (read only when dq is given)
+    const float* __restrict__ z,          // [N]
+    float* __restrict__ dv,               // [B, N]
+    float* __restrict__ dadv,             // [B, A, N]
+    int batch)
+{
+    const int lane = threadIdx.x & 31;
+    const int warps_per_block = blockDim.x >> 5;
+    float zz[ATOMS_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
+    }
+
+    for (long long b = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); b < batch;
+         b += (long long)gridDim.x * warps_per_block) {
+        float acc_v[ATOMS_PER_LANE];
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) acc_v[k] = 0.0f;
+
+        for (int d = 0; d < NUM_BRANCHES; ++d) {
+            const int a0 = kBranchOffsets[d];
+            const int n = kBranchOffsets[d + 1] - a0;
+            float dl[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+            float mean[ATOMS_PER_LANE];
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) mean[k] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+                const long long ba = b * NUM_ACTIONS + a0 + i;
+                float dqa = 0.0f, qa = 0.0f;
+                if (dq != nullptr && i < n) {
+                    dqa = dq[ba];
+                    qa = q[ba];
+                }
+#pragma unroll
+                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                    const int j = lane + 32 * k;
+                    float g = 0.0f;
+                    if (i < n && j < NUM_ATOMS) {
+                        g = dlogits[ba * NUM_ATOMS + j];
+                        if (dq != nullptr) g += dqa * probs[ba * NUM_ATOMS + j] * (zz[k] - qa);
+                    }
+                    dl[i][k] = g;
+                    mean[k] += g;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                acc_v[k] += mean[k];
+                mean[k] /= (float)n;
+            }
+#pragma unroll
+            for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+                if (i >= n) break;
+                const long long base = (b * NUM_ACTIONS + a0 + i) * NUM_ATOMS;
+#pragma unroll
+                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                    const int j = lane + 32 * k;
+                    if (j < NUM_ATOMS) dadv[base + j] = dl[i][k] - mean[k];
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            const int j = lane + 32 * k;
+            if (j < NUM_ATOMS) dv[b * NUM_ATOMS + j] = acc_v[k];
+        }
+    }
+}
+
+// d q_a / d logit_{a, j} = p_{a, j} (z_j - q_a):
+//   out[b, a, j] (+)= dq[b, a] * p[b, a, j] * (z_j - q[b, a])
+// One thread per element. accumulate != 0 adds to out instead of overwriting it.
+extern "C" __global__ void expected_q_backward(
+    const float* __restrict__ dq,         // [B, A]
+    const float* __restrict__ probs,      // [B, A, N]
+    const float* __restrict__ q,          // [B, A]
+    const float* __restrict__ z,          // [N]
+    float* __restrict__ out,              // [B, A, N]
+    long long total, int accumulate)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long ba = i / NUM_ATOMS;
+        const int j = (int)(i - ba * NUM_ATOMS);
+        const float g = dq[ba] * probs[i] * (z[j] - q[ba]);
+        out[i] = accumulate ? out[i] + g : g;
+    }
+}

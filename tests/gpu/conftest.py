@@ -1,0 +1,25 @@
+"""Fixtures of the kernel parity tests: CuPy (imported only when a test runs) and fresh inputs.
+
+Tests marked ``gpu`` are skipped by ``tests/conftest.py`` unless CuPy and a CUDA GPU are present,
+so nothing here may import CuPy at collection time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def cp():
+    """The CuPy module."""
+    return pytest.importorskip("cupy")
+
+
+@pytest.fixture
+def rng(request):
+    """A generator with a fresh seed each run; the seed is printed (shown when the test fails)."""
+    seed = int(np.random.SeedSequence().entropy % 2**63)
+    request.node.user_properties.append(("seed", seed))
+    print(f"random seed: {seed}")
+    return np.random.default_rng(seed)

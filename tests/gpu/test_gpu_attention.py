@@ -1,0 +1,80 @@
+"""Parity of attention.cu (forward, backward, parameter-gradient reduction) with attention.py.
+
+Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for qc, the attention weights, dq and the four
+parameter gradients (float32 per sample, float64 sums over the batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_parity import assert_close, host64, nan_like, to_dev
+
+from foxhunt_core import attention
+from foxhunt_core.gpu import kernels as K
+from foxhunt_core.gpu.launch import MAX_PARTIALS
+from foxhunt_core.gpu.qkernels import attention_params_size
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-5
+NAMES = ("attn.emb", "attn.wq", "attn.wk", "attn.gate")
+
+
+def _params(rng, A, k):
+    p = attention.init_params(A, k, rng)
+    p["attn.gate"] = rng.uniform(-1.0, 1.0, A)  # the initial zero gate would hide the mixing
+    return {n: v.astype(np.float32) for n, v in p.items()}
+
+
+def _dev(cp, p):
+    return [to_dev(cp, p[n]) for n in NAMES]
+
+
+@pytest.mark.parametrize("B,A,k", [(1001, 12, 8), (64, 12, 16), (37, 16, 16), (5, 7, 3), (4096, 12, 8)])
+def test_attention_forward_matches_numpy(cp, rng, B, A, k):
+    p = _params(rng, A, k)
+    q = rng.normal(0, 3.0, (B, A)).astype(np.float32)
+    emb, wq, wk, gate = _dev(cp, p)
+    attn = nan_like(cp, (B, A, A))
+    qc = K.attention_forward(to_dev(cp, q), emb, wq, wk, gate, qc=nan_like(cp, (B, A)), attn=attn)
+    ref, cache = attention.forward({n: host64(v) for n, v in p.items()}, host64(q))
+    assert_close("qc", qc, ref, TOL)
+    assert_close("attn", attn, cache["a"], TOL)
+
+
+@pytest.mark.parametrize("B,A,k", [(1001, 12, 8), (64, 12, 16), (37, 16, 16), (5, 7, 3), (20000, 12, 8)])
+def test_attention_backward_matches_numpy(cp, rng, B, A, k):
+    p = _params(rng, A, k)
+    q = rng.normal(0, 3.0, (B, A)).astype(np.float32)
+    dqc = rng.normal(0, 1.0, (B, A)).astype(np.float32)
+    emb, wq, wk, gate = _dev(cp, p)
+    outs = dict(demb=nan_like(cp, (A, k)), dwq=nan_like(cp, (k + 1, k)), dwk=nan_like(cp, (k + 1, k)),
+                dgate=nan_like(cp, (A,)))
+    ws = cp.full((MAX_PARTIALS + 1, attention_params_size(A, k)), np.nan, cp.float64)
+    dq, grads = K.attention_backward(to_dev(cp, q), to_dev(cp, dqc), emb, wq, wk, gate,
+                                     dq=nan_like(cp, (B, A)), workspace=ws, **outs)
+    p64 = {n: host64(v) for n, v in p.items()}
+    _, cache = attention.forward(p64, host64(q))
+    rdq, rgrads = attention.backward(p64, cache, host64(dqc))
+    assert_close("dq", dq, rdq, TOL)
+    for n in NAMES:
+        assert_close(n, grads[n], rgrads[n], TOL)
+
+
+def test_attention_backward_without_dq_and_repeatable(cp, rng):
+    B, A, k = 3000, 12, 8
+    p = _params(rng, A, k)
+    q = to_dev(cp, rng.normal(0, 3.0, (B, A)))
+    dqc = to_dev(cp, rng.normal(0, 1.0, (B, A)))
+    dq1, g1 = K.attention_backward(q, dqc, *_dev(cp, p))
+    dq2, g2 = K.attention_backward(q, dqc, *_dev(cp, p))
+    assert dq1 is None and dq2 is None
+    for n in NAMES:  # deterministic reductions: bitwise equal
+        assert np.array_equal(host64(g1[n]), host64(g2[n])), n
+
+
+def test_attention_rejects_too_many_actions(cp):
+    q = cp.zeros((4, 17), cp.float32)
+    p = {n: cp.asarray(v, cp.float32) for n, v in attention.init_params(17, 4, np.random.default_rng(0)).items()}
+    with pytest.raises(ValueError, match="attention_forward: supports at most 16 actions"):
+        K.attention_forward(q, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"])

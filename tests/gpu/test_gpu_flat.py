@@ -1,0 +1,75 @@
+"""FlatTree on NumPy: layout, views that write through, copies in and out, use with optim.Adam."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from foxhunt_core.gpu.flat import FlatTree
+from foxhunt_core.optim import Adam
+
+SHAPES = {"core": {"w": (5, 7), "b": (7,), "s": ()}, "plugin": {"coef": (3, 2, 4)}, "empty_owner": {}}
+
+
+def test_layout_is_aligned_and_in_order():
+    f = FlatTree(SHAPES, align=16)
+    offs = [f.slots["core"]["w"].offset, f.slots["core"]["b"].offset, f.slots["core"]["s"].offset,
+            f.slots["plugin"]["coef"].offset]
+    assert offs == [0, 48, 64, 80]  # 35 -> 48, 7 -> 16, 1 -> 16
+    assert f.size == 80 + 32 and f.buffer.shape == (112,) and f.buffer.dtype == np.float32
+    assert f.tree["empty_owner"] == {} and len(f) == 4
+    assert all(o % 16 == 0 for o in offs)
+
+
+def test_views_write_through_and_padding_stays_zero():
+    f = FlatTree(SHAPES, align=16)
+    w = f.view("core", "w")
+    assert w.shape == (5, 7) and np.shares_memory(w, f.buffer) and w.flags.c_contiguous
+    w[...] = 1.0
+    f.tree["plugin"]["coef"][1] = 2.0
+    f.tree["core"]["s"][...] = 3.0
+    assert f.buffer[:35].sum() == 35.0 and f.buffer[35:48].sum() == 0.0
+    assert f.buffer.sum() == 35.0 + 2.0 * 8 + 3.0
+    f.buffer[:] = 0.0  # and the other way round: the buffer writes the views
+    assert w.sum() == 0.0
+
+
+def test_from_tree_copies_values_and_zeros_like_keeps_layout():
+    rng = np.random.default_rng()
+    tree = {"core": {"a": rng.normal(size=(4, 3)), "b": rng.normal(size=(9,))}, "x": {"c": rng.normal(size=(2,))}}
+    f = FlatTree.from_tree(tree)
+    assert f.dtype == np.float64
+    for o, k, v in f.items():
+        np.testing.assert_array_equal(v, tree[o][k])
+    tree["core"]["a"][0, 0] = 99.0  # a copy, not a view of the source
+    assert f.view("core", "a")[0, 0] != 99.0
+    g = f.zeros_like(np.float32)
+    assert g.shapes() == f.shapes() and g.size == f.size and g.dtype == np.float32 and not g.buffer.any()
+
+
+def test_load_rejects_foreign_layouts():
+    f = FlatTree(SHAPES)
+    with pytest.raises(ValueError, match="core/w: shape"):
+        f.load({"core": {"w": np.zeros((7, 5))}})
+    with pytest.raises(KeyError, match="nope"):
+        f.load({"core": {"nope": np.zeros(3)}})
+    with pytest.raises(KeyError, match="ghost"):
+        f.load({"ghost": {}})
+    with pytest.raises(ValueError, match="align"):
+        FlatTree(SHAPES, align=0)
+
+
+def test_adam_on_flat_views_equals_adam_on_separate_arrays():
+    rng = np.random.default_rng()
+    shapes = {"core": {"w": (6, 5), "b": (5,)}, "plug": {"c": (3,)}}
+    params = {o: {k: rng.normal(size=s) for k, s in sub.items()} for o, sub in shapes.items()}
+    flat = FlatTree.from_tree(params)
+    sep = {o: {k: v.copy() for k, v in sub.items()} for o, sub in params.items()}
+    opt_flat = Adam(flat.tree, 1e-2, clip_norm=1.0)
+    opt_sep = Adam(sep, 1e-2, clip_norm=1.0)
+    for _ in range(3):
+        grads = {o: {k: rng.normal(size=s) for k, s in sub.items()} for o, sub in shapes.items()}
+        assert opt_flat.step(flat.tree, grads) == opt_sep.step(sep, grads)
+    for o, k, v in flat.items():
+        np.testing.assert_array_equal(v, sep[o][k])
+    assert not flat.buffer[5 * 6 : 64].any()  # padding untouched
