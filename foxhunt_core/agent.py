@@ -106,51 +106,68 @@ class Agent:
         """Selection values [B, A] for observations [B, S] (no caches kept)."""
         params = self.online if params is None else params
         out = self.net.forward(params, obs)
-        q = self.qpipe.forward(params, out.probs, self.z)
+        q = self._qpipe(params, out)
         return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness)
+
+    def _qpipe(self, params: Tree, out: NetOutput, keep_cache: bool = False) -> QOut:
+        return self.qpipe.forward(params, out.probs, self.z, keep_cache, q_raw=out.q, q_var=out.var)
 
     def greedy(self, obs: Array, iqn_readiness: float = 1.0) -> Array:
         return branch_argmax(self.act_values(obs, iqn_readiness), self.offsets)
 
     # ------------------------------------------------------------------ learning
-    def targets(self, batch: dict[str, Array]) -> Array:
-        """Projected C51 targets [B, num_branches, N] for a batch (see :mod:`foxhunt_core.c51`)."""
-        xp = self.xp
+    def bootstrap(self, batch: dict[str, Array]) -> tuple[Array, Array]:
+        """Target-network distributions of each branch's bootstrap action at ``s'`` [B, D, N]
+        and the discounts ``gamma (1 - terminal)`` [B] (see :mod:`foxhunt_core.c51`)."""
         nxt = batch["next_obs"]
-        sel = self.qpipe.forward(self.online, self.net.forward(self.online, nxt).probs, self.z)
+        sel = self._qpipe(self.online, self.net.forward(self.online, nxt))
         a_star = branch_argmax(sel.q_coord, self.offsets)  # [B, D]
         tgt_probs = self.net.forward(self.target, nxt).probs  # [B, A, N]
         idx = a_star + self.branch_base
-        p_next = xp.take_along_axis(tgt_probs, idx[:, :, None], axis=1)  # [B, D, N]
+        p_next = self.xp.take_along_axis(tgt_probs, idx[:, :, None], axis=1)  # [B, D, N]
+        disc = (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
+        return p_next, disc
+
+    def targets(self, batch: dict[str, Array]) -> Array:
+        """Projected C51 targets [B, num_branches, N] for a batch."""
+        xp = self.xp
+        p_next, disc = self.bootstrap(batch)
         B, D, N = p_next.shape
-        disc = self.settings.train.gamma * (1.0 - batch["terminal"])
-        m = c51.project(
-            p_next.reshape(B * D, N),
-            xp.repeat(batch["reward"], D),
-            xp.repeat(disc.astype(self.dtype, copy=False), D),
-            self.z,
-        )
+        m = c51.project(p_next.reshape(B * D, N), xp.repeat(batch["reward"], D), xp.repeat(disc, D), self.z)
         return m.reshape(B, D, N)
 
     def loss_and_grads(
-        self, batch: dict[str, Array], entropy_coeff: float
+        self, batch: dict[str, Array], entropy_coeff: Any
     ) -> tuple[Tree, dict[str, Array], NetOutput, QOut]:
-        """Gradients of the full objective; returns ``(grads, scalars, net_out, q_out)``."""
+        """Gradients of the full objective; returns ``(grads, scalars, net_out, q_out)``.
+
+        ``entropy_coeff`` is a float, or (on the GPU) a device scalar read when the step runs.
+        """
         xp = self.xp
         t = self.settings.train
         obs, act = batch["obs"], batch["action"]
         B = obs.shape[0]
-        m = self.targets(batch)
         out = self.net.forward(self.online, obs, keep_cache=True)
         idx = act + self.branch_base  # taken action per branch, [B, D]
         logp = xp.take_along_axis(out.log_probs, idx[:, :, None], axis=1)  # [B, D, N]
         D = idx.shape[1]
-        loss, dl, ent = c51.loss_and_grad(logp, m, entropy_coeff)
-        dlogits = xp.zeros_like(out.logits)
-        xp.put_along_axis(dlogits, idx[:, :, None], dl / (B * D), axis=1)
+        if self.net.fused(obs):  # projection, loss and gradient in one kernel
+            from .gpu import kernels as K
+
+            p_next, disc = self.bootstrap(batch)
+            coeff = entropy_coeff if hasattr(entropy_coeff, "shape") else float(entropy_coeff)
+            m, dl, loss, ent = K.c51_target_loss(
+                xp.ascontiguousarray(p_next), batch["reward"], disc, xp.ascontiguousarray(logp), self.z, coeff
+            )
+        else:
+            m = self.targets(batch)
+            loss, dl, ent = c51.loss_and_grad(logp, m, entropy_coeff)
+            dl = dl / (B * D)
+        dlogits = xp.zeros_like(out.log_probs)
+        xp.put_along_axis(dlogits, idx[:, :, None], dl, axis=1)
         grads = self.net.backward(self.online, out, dlogits)
 
-        q = self.qpipe.forward(self.online, out.probs, self.z, keep_cache=True)
+        q = self._qpipe(self.online, out, keep_cache=True)
         y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
         qc_taken = xp.take_along_axis(q.q_coord, idx, axis=1)
         err = qc_taken - y

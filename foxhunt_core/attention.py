@@ -37,8 +37,22 @@ def init_params(num_actions: int, dim: int, rng: np.random.Generator) -> dict[st
     }
 
 
-def forward(params: dict[str, Array], q: Array) -> tuple[Array, dict[str, Array]]:
-    """Coordinated Q [B, A] from Q [B, A]; returns ``(qc, cache)``."""
+def _fused(q: Array) -> bool:
+    return type(q).__module__.startswith("cupy") and q.dtype == np.float32
+
+
+def forward(params: dict[str, Array], q: Array, use_kernels: bool = True) -> tuple[Array, dict[str, Array]]:
+    """Coordinated Q [B, A] from Q [B, A]; returns ``(qc, cache)``.
+
+    On the GPU (CuPy float32) one kernel does it (:func:`foxhunt_core.gpu.kernels.attention_forward`).
+    """
+    if use_kernels and _fused(q):
+        from .gpu import kernels as K
+
+        q = q if q.flags.c_contiguous else q.copy()
+        p = params
+        qc = K.attention_forward(q, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"])
+        return qc, {"fused": True, "q": q}
     xp = L._xp(q)
     B, A = q.shape
     emb = params["attn.emb"]
@@ -58,6 +72,13 @@ def backward(
     params: dict[str, Array], cache: dict[str, Array], dqc: Array
 ) -> tuple[Array, dict[str, Array]]:
     """``(dq, grads)`` from ``dloss/dqc`` [B, A]."""
+    if cache.get("fused"):
+        from .gpu import kernels as K
+
+        p = params
+        dqc = dqc if dqc.flags.c_contiguous else dqc.copy()
+        # dq is not formed on this path: the training step stops the gradient at the raw Q.
+        return K.attention_backward(cache["q"], dqc, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"])
     q, t, qry, key, a, o = (cache[n] for n in ("q", "t", "qry", "key", "a", "o"))
     k = params["attn.emb"].shape[1]
     g = params["attn.gate"]

@@ -56,9 +56,14 @@ class QPipeline:
         self.post = tuple(post)
         self.select = select
 
-    def forward(self, params: dict[str, dict], probs: Array, z: Array, keep_cache: bool = False) -> QOut:
+    def forward(
+        self, params: dict[str, dict], probs: Array, z: Array, keep_cache: bool = False,
+        q_raw: Array | None = None, q_var: Array | None = None,
+    ) -> QOut:
+        """Run the pipeline; ``q_raw``/``q_var`` may be passed when the network already formed them."""
         xp = _xp(probs)
-        q_raw, q_var = expected_q(probs, z)
+        if q_raw is None or q_var is None:
+            q_raw, q_var = expected_q(probs, z)
         q = q_raw
         for st in self.pre:
             q = st.forward(xp, q)

@@ -198,7 +198,7 @@ def c51_target_loss(
     discount: Array,
     log_probs_taken: Array,
     z: Array,
-    entropy_coeff: float,
+    entropy_coeff: float | Array,
     *,
     grad_scale: float | None = None,
     m: Array | None = None,
@@ -212,6 +212,8 @@ def c51_target_loss(
         p_next: [B, D, N] target distribution of each branch's bootstrap action.
         reward, discount: [B]; ``discount = gamma (1 - terminal)``.
         log_probs_taken: [B, D, N] online log-probabilities of the taken actions.
+        entropy_coeff: a float, or a float32 device array of one element that the kernel reads
+            when it runs (so a captured graph picks up a coefficient changed between replays).
         grad_scale: multiplies the gradient; default ``1 / (B D)`` (the mean over samples and branches).
 
     Returns:
@@ -230,11 +232,18 @@ def c51_target_loss(
     dlogits = output(k, "dlogits", dlogits, (B, D, N))
     loss = output(k, "loss", loss, (B, D))
     entropy = output(k, "entropy", entropy, (B, D))
+    if isinstance(entropy_coeff, (int, float, np.floating)):
+        import cupy
+
+        coeff = cupy.full((1,), entropy_coeff, dtype=F32)
+    else:
+        coeff = entropy_coeff.reshape(1) if entropy_coeff.ndim == 0 else entropy_coeff
+        check_array(k, "entropy_coeff", coeff, F32, (1,))
     fn = _kernel("c51_loss.cu", k, {"NUM_ATOMS": N})
     fn(
         (blocks_for(B * D, WARPS),),
         (THREADS,),
-        (p_next, reward, discount, log_probs_taken, z, f32(entropy_coeff), f32(scale),
+        (p_next, reward, discount, log_probs_taken, z, coeff, f32(scale),
          m, dlogits, loss, entropy, i32(B), i32(D)),
     )
     return m, dlogits, loss, entropy

@@ -37,7 +37,8 @@ extern "C" __global__ void c51_target_loss(
     const float* __restrict__ discount,   // [B] gamma * (1 - terminal)
     const float* __restrict__ log_probs,  // [B, D, N] online log-probabilities of the taken a_d
     const float* __restrict__ z,          // [N] support
-    float entropy_coeff, float grad_scale,
+    const float* __restrict__ entropy_coeff_ptr,  // [1] read on the device (graph replays see updates)
+    float grad_scale,
     float* __restrict__ m,                // [B, D, N]
     float* __restrict__ dlogits,          // [B, D, N]
     float* __restrict__ loss,             // [B, D]
@@ -48,6 +49,7 @@ extern "C" __global__ void c51_target_loss(
     __shared__ float s_p[C51_WARPS][NUM_ATOMS];
     const int lane = threadIdx.x & 31;
     const int w = threadIdx.x >> 5;
+    const float entropy_coeff = *entropy_coeff_ptr;
     const float v_min = z[0];
     const float v_max = z[NUM_ATOMS - 1];
     const float dz = (v_max - v_min) / (float)(NUM_ATOMS - 1);

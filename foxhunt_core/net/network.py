@@ -59,10 +59,12 @@ class SigmoidGate:
 class NetOutput:
     """Result of a forward pass; ``cache`` is ``None`` unless asked for."""
 
-    logits: Array  # [B, A, N] combined (dueling) logits
+    logits: Array  # [B, A, N] combined (dueling) logits (normalised on the fused GPU path)
     probs: Array  # [B, A, N]
     log_probs: Array  # [B, A, N]
     cache: dict[str, Any] | None = field(default=None, repr=False)
+    q: Array | None = None  # [B, A] expected Q, when the forward computed it anyway
+    var: Array | None = None  # [B, A] Var[Q], likewise
 
 
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float) -> np.ndarray:
@@ -91,6 +93,7 @@ class BranchingC51:
         self.support64 = np.linspace(net.v_min, net.v_max, net.num_atoms)
         self.q_scale = float(max(abs(net.v_min), abs(net.v_max)))
         self._supports: dict[tuple[str, str], Any] = {}
+        self.use_kernels = True  # the fused GPU path; False keeps the reference ops on CuPy too
         self.gate: GateActivation = gate if gate is not None else SigmoidGate()
         self.branch_inputs = tuple(branch_inputs)
         for st in self.branch_inputs:
@@ -153,7 +156,15 @@ class BranchingC51:
         return z
 
     # ------------------------------------------------------------------ forward
+    def fused(self, x: Array) -> bool:
+        """Whether ``x`` takes the fused-kernel GPU path (CuPy float32, unless switched off)."""
+        return self.use_kernels and type(x).__module__.startswith("cupy") and x.dtype == np.float32
+
     def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False) -> NetOutput:
+        if self.fused(obs):
+            from . import fused
+
+            return fused.forward(self, params, obs, keep_cache)
         xp = L._xp(obs)
         p = params["core"]
         gp = params.get(self.gate.name, {})
@@ -208,6 +219,10 @@ class BranchingC51:
         """Gradients of a scalar loss w.r.t. every parameter, given ``dloss/dlogits`` [B, A, N]."""
         if out.cache is None:
             raise ValueError("backward needs a forward pass run with keep_cache=True")
+        if out.cache.get("fused"):
+            from . import fused
+
+            return fused.backward(self, params, out, dlogits)
         c = out.cache
         xp = L._xp(dlogits)
         p = params["core"]

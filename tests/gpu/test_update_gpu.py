@@ -71,11 +71,16 @@ def test_gpu_update_matches_cpu_update(with_stages):
     for o, s in g_cpu.items():
         for k, v in s.items():
             assert _rel(g_gpu[o][k], v) < 2e-3, f"{o}/{k}"  # fp32 on both, different summation order
+    before = {o: {k: v.copy() for k, v in s.items()} for o, s in cpu.online.items()}
     cpu.opt.step(cpu.online, g_cpu)
     gpu.opt.step(gpu.online, g_gpu)
+    # Adam's first step is ~lr * sign(g): compare the parameter changes, allowing for the few
+    # near-zero gradient entries whose sign the two summation orders may disagree on.
     for o, s in cpu.online.items():
         for k, v in s.items():
-            assert _rel(gpu.online[o][k], v) < 1e-4, f"{o}/{k} after Adam"
+            d_cpu = v - before[o][k]
+            d_gpu = _host(gpu.online[o][k]) - before[o][k]
+            assert _rel(d_gpu, d_cpu) < 2e-2, f"{o}/{k} after Adam"
 
 
 @pytest.mark.parametrize("with_stages", [False, True], ids=["core", "with-stages"])

@@ -1,0 +1,97 @@
+"""Where the time of one foxhunt update goes on the GPU: each phase timed with CUDA events.
+
+    python benchmarks/profile_update.py [--batch 65536] [--repeats 20]
+
+Phases run eagerly, one after the other, each timed alone (median of ``repeats``), so their sum
+exceeds the graph replay by the launch overhead the graph removes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+os.environ.setdefault("CUPY_TF32", "1")
+
+import numpy as np  # noqa: E402
+
+
+def timed(fn, repeats: int) -> float:
+    import cupy as cp
+
+    fn()
+    cp.cuda.Device().synchronize()
+    out = []
+    for _ in range(repeats):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(cp.cuda.get_elapsed_time(a, b))
+    return statistics.median(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    import cupy as cp
+
+    from foxhunt_core.agent import Agent
+    from foxhunt_core.config import RunSettings
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.net.layers import matmul as mm
+    from foxhunt_core.plugins import PluginSet
+
+    B = args.batch
+    agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    batch = {
+        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
+        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
+        "terminal": cp.zeros(B, dtype=cp.float32),
+    }
+    net, on = agent.net, agent.online
+    out = net.forward(on, batch["obs"], keep_cache=True)
+    dl = cp.asarray(rng.normal(size=out.log_probs.shape) * 1e-4, dtype=cp.float32)
+    q = agent._qpipe(on, out, keep_cache=True)
+    dq = cp.asarray(rng.normal(size=q.q_coord.shape), dtype=cp.float32)
+    grads, _, _, _ = agent.loss_and_grads(batch, 0.001)
+    p_next, disc = agent.bootstrap(batch)
+    logp = cp.ascontiguousarray(out.log_probs[:, :4])
+    x = cp.asarray(rng.normal(size=(B, 256)), dtype=cp.float32)
+    w = cp.asarray(rng.normal(size=(256, 256)), dtype=cp.float32)
+    rows = {
+        "forward (keep cache)": lambda: net.forward(on, batch["obs"], keep_cache=True),
+        "forward (no cache)": lambda: net.forward(on, batch["obs"]),
+        "bootstrap (2 forwards, qpipe, gather)": lambda: agent.bootstrap(batch),
+        "c51 target+loss kernel": lambda: K.c51_target_loss(p_next, batch["reward"], disc, logp, agent.z, 0.001),
+        "network backward": lambda: net.backward(on, out, dl),
+        "qpipe forward (cache)": lambda: agent._qpipe(on, out, keep_cache=True),
+        "qpipe backward": lambda: agent.qpipe.backward(on, q, dq),
+        "adam step": lambda: agent.opt.step(on, grads),
+        "whole loss_and_grads": lambda: agent.loss_and_grads(batch, 0.001),
+        "one GEMM [B,256]x[256,256]": lambda: mm(x, w),
+        "one GEMM dW [256,B]x[B,256]": lambda: mm(x.T, x),
+        "column sum via cupy sum(axis=0)": lambda: x.sum(axis=0),
+        "dueling softmax kernel (all)": lambda: K.dueling_softmax_forward(
+            out.cache["q"][:, :1].reshape(-1, 1).repeat(51, 1) if False else out.probs[:, 0], out.log_probs,
+            agent.z, net.offsets),
+        "zeros_like [B,A,N]": lambda: cp.zeros_like(out.log_probs),
+    }
+    print(f"B = {B}; ms, median of {args.repeats}")
+    for name, fn in rows.items():
+        try:
+            print(f"{name:42s} {timed(fn, args.repeats):9.3f}")
+        except Exception as exc:  # noqa: BLE001 - a failing row is reported, the rest still run
+            print(f"{name:42s}   failed: {type(exc).__name__}: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
