@@ -63,11 +63,21 @@ from its first bar to its last (``len(split) - 1`` steps), for evaluation.
 
 All randomness (starts, limit fills) comes from the ``np.random.Generator`` passed in; give the
 environment its own generator, since :meth:`load_state_dict` restores its state.
+
+The transition as a pure function
+---------------------------------
+:func:`transition` is the whole step as an array function of (state arrays, actions, market
+arrays, one uniform per episode for its limit fill, the start bar each episode resets to if it
+is truncated); :func:`reset_episodes` and :func:`start_bars` are the reset. :class:`TradingEnv`
+only draws the randomness (``rng.random(N)`` for fills, then ``rng.integers`` for the starts of
+the episodes that end) and keeps the state. The CUDA environment
+(:mod:`foxhunt_core.gpu.env`) implements the same function and is tested against it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -78,10 +88,260 @@ from foxhunt_core.market.schema import INDEX
 PASSIVE_DECAY = 0.3  # fill-intensity factor per tick behind the touch
 PRESSURE_CAP = 4.0  # cap of the relative queue pressure in the fill intensity
 UNREALIZED_SCALE_BPS = 10.0
+UNREALIZED_CLIP = 5.0
 HOLDING_SCALE_BARS = 64
-_STATE_VERSION = 1
+STATE_VERSION = 1
+
+#: Per-episode state arrays and their NumPy dtypes (the checkpoint format).
+STATE_FIELDS: dict[str, Any] = {
+    "cursor": np.int64, "start": np.int64, "steps": np.int64, "position": np.float64,
+    "open_pnl_bps": np.float64, "hold": np.int64, "order_active": np.bool_,
+    "order_target": np.float64, "order_price": np.float64, "order_kind": np.int64,
+    "order_ttl": np.int64,
+}
+State = dict[str, np.ndarray]
+
+#: The float64 per-bar columns the transition reads (besides the feature matrix), in the
+#: column order of :meth:`MarketArrays.columns`.
+MARKET_COLUMNS: tuple[str, ...] = (
+    "mid", "bid", "ask", "half_spread", "ret", "trade_count", "buy_pressure", "sell_pressure",
+)
 
 
+@dataclass(frozen=True)
+class MarketArrays:
+    """What the transition reads of a split: float64 ``[T]`` columns plus split constants.
+
+    ``half_spread = (ask - bid) / (2 mid)``; ``ret[t] = mid[t+1] / mid[t] - 1`` (0 at the last
+    bar, which is never stepped from); ``buy_pressure`` / ``sell_pressure`` are the buyer- /
+    seller-initiated volume over the ask / bid L1 size (the queue a sell / buy order waits in).
+    """
+
+    features: np.ndarray
+    mid: np.ndarray
+    bid: np.ndarray
+    ask: np.ndarray
+    half_spread: np.ndarray
+    ret: np.ndarray
+    trade_count: np.ndarray
+    buy_pressure: np.ndarray
+    sell_pressure: np.ndarray
+    tick: float
+    mean_count: float
+    mean_pressure: float
+
+    @classmethod
+    def from_split(cls, split: MarketData) -> MarketArrays:
+        vol, signed = split.trade_volume, split.signed_volume
+        ret = np.zeros(len(split))
+        ret[:-1] = split.mid[1:] / split.mid[:-1] - 1.0
+        mean_count = float(np.mean(split.trade_count))
+        press = vol / np.maximum(split.bid_size + split.ask_size, 1e-9)
+        mean_press = float(np.mean(press))
+        return cls(
+            features=split.features, mid=split.mid, bid=split.bid, ask=split.ask,
+            half_spread=(split.ask - split.bid) / (2.0 * split.mid), ret=ret,
+            trade_count=split.trade_count,
+            buy_pressure=0.5 * (vol + signed) / np.maximum(split.ask_size, 1e-9),
+            sell_pressure=0.5 * (vol - signed) / np.maximum(split.bid_size, 1e-9),
+            tick=split.tick_size,
+            mean_count=mean_count if mean_count > 0 else 1.0,
+            mean_pressure=mean_press if mean_press > 0 else 1.0,
+        )
+
+    def columns(self) -> np.ndarray:
+        """float64 ``[T, len(MARKET_COLUMNS)]``: one row per bar (the device layout)."""
+        return np.ascontiguousarray(np.stack([getattr(self, c) for c in MARKET_COLUMNS], axis=1))
+
+
+@dataclass(frozen=True)
+class EnvParams:
+    """Constants of the transition derived from :class:`EnvSettings` and the episode mode.
+
+    ``num_starts``: an episode (re)starts at a bar in ``0 .. num_starts - 1`` (1 in sequential
+    mode: always the first bar).
+    """
+
+    sizes: np.ndarray
+    urgency: np.ndarray
+    taker: float
+    maker: float
+    lam0: float
+    reward_scale_bps: float
+    episode_len: int
+    num_starts: int
+
+    @classmethod
+    def from_settings(cls, settings: EnvSettings, episode_len: int, data_len: int,
+                      sequential: bool = False) -> EnvParams:
+        rate = settings.fill_base_rate
+        return cls(
+            sizes=np.asarray(settings.position_sizes, dtype=np.float64),
+            urgency=np.asarray(settings.urgency_bars, dtype=np.int64),
+            taker=settings.taker_fee_bps * 1e-4,
+            maker=settings.maker_fee_bps * 1e-4,
+            lam0=float(np.inf if rate >= 1.0 else -np.log1p(-rate)),
+            reward_scale_bps=float(settings.reward_scale_bps),
+            episode_len=int(episode_len),
+            num_starts=1 if sequential else int(data_len - episode_len),
+        )
+
+
+class StepOutput(NamedTuple):
+    """Everything one transition returns besides the new state (see :meth:`TradingEnv.step`)."""
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+    pnl_bps: np.ndarray
+    turnover: np.ndarray
+    cost_bps: np.ndarray
+    position: np.ndarray
+
+
+# ---------------------------------------------------------------------- pure functions
+def empty_state(num_envs: int) -> State:
+    """All-zero state of ``num_envs`` episodes (flat, no orders, at bar 0)."""
+    return {k: np.zeros(num_envs, dtype=d) for k, d in STATE_FIELDS.items()}
+
+
+def start_bars(u: np.ndarray, num_starts: int) -> np.ndarray:
+    """Map uniforms in [0, 1) to start bars ``floor(u * num_starts)`` in ``0..num_starts-1``."""
+    bars = (np.asarray(u, dtype=np.float64) * num_starts).astype(np.int64)
+    return np.minimum(bars, num_starts - 1)
+
+
+def reset_episodes(state: State, mask: np.ndarray, starts: np.ndarray) -> State:
+    """A new state where the episodes in ``mask`` start afresh at ``starts`` (others kept)."""
+    out = {k: np.where(mask, 0, v).astype(v.dtype, copy=False) for k, v in state.items()}
+    out["start"] = np.where(mask, starts, state["start"])
+    out["cursor"] = np.where(mask, starts, state["cursor"])
+    return out
+
+
+def observe(state: State, market: MarketArrays) -> np.ndarray:
+    """float32 ``[N, 50]``: the features of each episode's bar with its account block written."""
+    obs = market.features[state["cursor"]]  # fancy indexing copies
+    obs[:, INDEX["position"]] = state["position"]
+    obs[:, INDEX["unrealized_pnl"]] = np.clip(
+        state["open_pnl_bps"] / UNREALIZED_SCALE_BPS, -UNREALIZED_CLIP, UNREALIZED_CLIP
+    )
+    obs[:, INDEX["holding_time"]] = np.log1p(state["hold"]) / np.log1p(HOLDING_SCALE_BARS)
+    obs[:, INDEX["working_order"]] = np.where(
+        state["order_active"], state["order_target"] - state["position"], 0.0
+    )
+    return obs
+
+
+def transition(
+    state: State, actions: np.ndarray, market: MarketArrays, params: EnvParams,
+    fill_u: np.ndarray, reset_starts: np.ndarray,
+) -> tuple[State, StepOutput]:
+    """One step of every episode (the module docstring's rules); ``state`` is not modified.
+
+    Args:
+        state: per-episode arrays (:data:`STATE_FIELDS`).
+        actions: int64 ``[N, 4]`` (validated by the caller).
+        fill_u: uniforms in [0, 1), one per episode: the working order fills if ``u < prob``.
+        reset_starts: the start bar of each episode that is truncated by this step (read only
+            for those).
+
+    Returns:
+        The new state (after any auto-reset) and the :class:`StepOutput`.
+    """
+    a = actions
+    t = state["cursor"]
+    j = t + 1
+    tick = market.tick
+    p_old = state["position"]
+    target = (a[:, 0] - 1).astype(np.float64) * params.sizes[a[:, 1]]
+    delta = target - p_old
+    moving = np.abs(delta) > 1e-12
+    market_order = a[:, 2] == 0
+
+    # market orders: fill now at the touch, cancel any working order
+    mkt = market_order & moving
+    mkt_cost = np.where(mkt, np.abs(delta) * (market.half_spread[t] + params.taker), 0.0)
+    turnover = np.where(mkt, np.abs(delta), 0.0)
+    position = np.where(mkt, target, p_old)
+    # limit orders: a new one replaces the working order; the same one keeps its place
+    kind = a[:, 2]
+    lim = ~market_order & moving
+    keep = lim & state["order_active"] & (state["order_target"] == target) & (state["order_kind"] == kind)
+    new = lim & ~keep
+    buy = delta > 0
+    touch = np.where(buy, market.bid[t], market.ask[t])
+    behind = np.where(kind == 2, np.where(buy, -tick, tick), 0.0)
+    order_target = np.where(lim, target, 0.0)
+    order_kind = np.where(lim, kind, 0)
+    order_price = np.where(new, touch + behind, np.where(keep, state["order_price"], 0.0))
+    order_ttl = np.where(new, params.urgency[a[:, 3]], np.where(keep, state["order_ttl"], 0))
+
+    # mark to market over bar t -> t+1 with the position held after the market fill
+    mtm = position * market.ret[t]
+
+    # working orders at the close of bar j
+    active = lim
+    o_delta = order_target - position
+    o_buy = o_delta > 0
+    price = order_price
+    bid_j, ask_j = market.bid[j], market.ask[j]
+    half_tick = 0.5 * tick
+    through = np.where(o_buy, bid_j < price - half_tick, ask_j > price + half_tick)
+    k = np.maximum(np.rint(np.where(o_buy, bid_j - price, price - ask_j) / tick), 0.0)
+    press = np.where(o_buy, market.sell_pressure[j], market.buy_pressure[j]) / market.mean_pressure
+    rate = np.sqrt(market.trade_count[j] / market.mean_count) * np.sqrt(np.minimum(press, PRESSURE_CAP))
+    with np.errstate(invalid="ignore"):  # inf * 0 when fill_base_rate is 1 and no trades
+        lam = params.lam0 * rate * PASSIVE_DECAY**k
+        prob = np.where(np.isnan(lam), 0.0, -np.expm1(-lam))
+    filled = active & (through | (fill_u < prob))
+    mid_j = market.mid[j]
+    fill_fee = np.where(filled, np.abs(o_delta) * params.maker, 0.0)
+    fill_edge = np.where(filled, o_delta * (mid_j - price) / mid_j, 0.0)
+    turnover = turnover + np.where(filled, np.abs(o_delta), 0.0)
+    position = np.where(filled, order_target, position)
+    ttl = np.where(active & ~filled, order_ttl - 1, 0)
+    still = active & ~filled & (ttl > 0)
+
+    cost = mkt_cost + fill_fee
+    pnl_bps = 1e4 * (mtm - cost + fill_edge)
+    # account bookkeeping
+    same = (np.sign(position) == np.sign(p_old)) & (position != 0)
+    steps = state["steps"] + 1
+    after: State = {
+        "cursor": j,
+        "start": state["start"],
+        "steps": steps,
+        "position": position,
+        "open_pnl_bps": np.where(
+            position == 0, 0.0, np.where(same, state["open_pnl_bps"] + pnl_bps, pnl_bps)
+        ),
+        "hold": np.where(position == 0, 0, np.where(same, state["hold"] + 1, 1)),
+        "order_active": still,
+        "order_target": np.where(still, order_target, 0.0),
+        "order_price": np.where(still, order_price, 0.0),
+        "order_kind": np.where(still, order_kind, 0),
+        "order_ttl": np.where(still, ttl, 0),
+    }
+    truncated = steps >= params.episode_len
+    final_obs = observe(after, market)
+    if truncated.any():  # auto-reset: the returned obs is the new episode's first
+        new_state = reset_episodes(after, truncated, reset_starts)
+        idx = np.flatnonzero(truncated)
+        obs = final_obs.copy()
+        obs[idx] = observe({k: v[idx] for k, v in new_state.items()}, market)
+    else:
+        new_state, obs = after, final_obs
+    reward = (pnl_bps / params.reward_scale_bps).astype(np.float32)
+    terminated = np.zeros(truncated.shape[0], dtype=bool)
+    out = StepOutput(obs, reward, terminated, truncated, final_obs, pnl_bps, turnover, 1e4 * cost,
+                     position.copy())
+    return new_state, out
+
+
+# ---------------------------------------------------------------------- the environment
 class TradingEnv:
     """``num_envs`` parallel trading episodes on one split (see the module docstring)."""
 
@@ -115,25 +375,9 @@ class TradingEnv:
                 f"split has {t_len} bars; an episode of {self.episode_len} steps needs "
                 f"{self.episode_len + 1}"
             )
-        self._prepare_market(split)
-        self._sizes = np.asarray(settings.position_sizes, dtype=np.float64)
-        self._urgency = np.asarray(settings.urgency_bars, dtype=np.int64)
-        self._taker = settings.taker_fee_bps * 1e-4
-        self._maker = settings.maker_fee_bps * 1e-4
-        rate = settings.fill_base_rate
-        self._lam0 = np.inf if rate >= 1.0 else -np.log1p(-rate)
-        n = self.num_envs
-        self.cursor = np.zeros(n, dtype=np.int64)
-        self.start = np.zeros(n, dtype=np.int64)
-        self.steps = np.zeros(n, dtype=np.int64)
-        self.position = np.zeros(n, dtype=np.float64)
-        self.open_pnl_bps = np.zeros(n, dtype=np.float64)
-        self.hold = np.zeros(n, dtype=np.int64)
-        self.order_active = np.zeros(n, dtype=bool)
-        self.order_target = np.zeros(n, dtype=np.float64)
-        self.order_price = np.zeros(n, dtype=np.float64)
-        self.order_kind = np.zeros(n, dtype=np.int64)
-        self.order_ttl = np.zeros(n, dtype=np.int64)
+        self.market = MarketArrays.from_split(split)
+        self.params = EnvParams.from_settings(settings, self.episode_len, t_len, mode == "sequential")
+        self._set_state(empty_state(self.num_envs))
         self._ready = False
 
     @classmethod
@@ -147,62 +391,25 @@ class TradingEnv:
         return cls(split, settings, np.random.default_rng(0) if rng is None else rng,
                    mode="sequential")
 
-    # ------------------------------------------------------------------ market arrays
-    def _prepare_market(self, split: MarketData) -> None:
-        self._feat = split.features
-        self._mid = split.mid
-        self._bid = split.bid
-        self._ask = split.ask
-        self._tick = split.tick_size
-        self._half = (split.ask - split.bid) / (2.0 * split.mid)
-        self._ret = split.mid[1:] / split.mid[:-1] - 1.0
-        self._count = split.trade_count
-        vol, signed = split.trade_volume, split.signed_volume
-        self._buy_press = 0.5 * (vol + signed) / np.maximum(split.ask_size, 1e-9)
-        self._sell_press = 0.5 * (vol - signed) / np.maximum(split.bid_size, 1e-9)
-        mean_count = float(np.mean(split.trade_count))
-        self._mean_count = mean_count if mean_count > 0 else 1.0
-        press = vol / np.maximum(split.bid_size + split.ask_size, 1e-9)
-        mean_press = float(np.mean(press))
-        self._mean_press = mean_press if mean_press > 0 else 1.0
+    # ------------------------------------------------------------------ state and draws
+    def _state(self) -> State:
+        return {k: getattr(self, k) for k in STATE_FIELDS}
 
-    # ------------------------------------------------------------------ episodes
-    def _reset_envs(self, idx: np.ndarray) -> None:
-        if idx.size == 0:
-            return
+    def _set_state(self, state: State) -> None:
+        for k in STATE_FIELDS:
+            setattr(self, k, state[k])
+
+    def _draw_starts(self, count: int) -> np.ndarray:
         if self.mode == "sequential":
-            starts = np.zeros(idx.size, dtype=np.int64)
-        else:
-            starts = self.rng.integers(0, len(self.split) - self.episode_len, size=idx.size)
-        self.start[idx] = starts
-        self.cursor[idx] = starts
-        self.steps[idx] = 0
-        self.position[idx] = 0.0
-        self.open_pnl_bps[idx] = 0.0
-        self.hold[idx] = 0
-        self.order_active[idx] = False
-        self.order_target[idx] = 0.0
-        self.order_price[idx] = 0.0
-        self.order_kind[idx] = 0
-        self.order_ttl[idx] = 0
+            return np.zeros(count, dtype=np.int64)
+        return self.rng.integers(0, self.params.num_starts, size=count)
 
     def reset(self) -> tuple[np.ndarray, dict[str, Any]]:
         """Start every episode afresh; returns ``(obs float32[N, 50], info)``."""
-        self._reset_envs(np.arange(self.num_envs))
+        every = np.ones(self.num_envs, dtype=bool)
+        self._set_state(reset_episodes(self._state(), every, self._draw_starts(self.num_envs)))
         self._ready = True
-        return self._observe(), {}
-
-    def _observe(self) -> np.ndarray:
-        obs = self._feat[self.cursor]  # fancy indexing copies
-        obs[:, INDEX["position"]] = self.position
-        obs[:, INDEX["unrealized_pnl"]] = np.clip(
-            self.open_pnl_bps / UNREALIZED_SCALE_BPS, -5.0, 5.0
-        )
-        obs[:, INDEX["holding_time"]] = np.log1p(self.hold) / np.log1p(HOLDING_SCALE_BARS)
-        obs[:, INDEX["working_order"]] = np.where(
-            self.order_active, self.order_target - self.position, 0.0
-        )
-        return obs
+        return observe(self._state(), self.market), {}
 
     def _check_actions(self, actions: np.ndarray) -> np.ndarray:
         a = np.asarray(actions)
@@ -229,148 +436,62 @@ class TradingEnv:
         if not self._ready:
             raise RuntimeError("call reset() before step()")
         a = self._check_actions(actions)
-        t = self.cursor
-        j = t + 1
-        p_old = self.position.copy()
-        target = (a[:, 0] - 1).astype(np.float64) * self._sizes[a[:, 1]]
-        delta = target - p_old
-        moving = np.abs(delta) > 1e-12
-        market = a[:, 2] == 0
-
-        # market orders: fill now at the touch, cancel any working order
-        mkt = market & moving
-        mkt_cost = np.where(mkt, np.abs(delta) * (self._half[t] + self._taker), 0.0)
-        turnover = np.where(mkt, np.abs(delta), 0.0)
-        position = np.where(mkt, target, p_old)
-        # limit orders: a new one replaces the working order; the same one keeps its place
-        kind = a[:, 2]
-        lim = ~market & moving
-        keep = lim & self.order_active & (self.order_target == target) & (self.order_kind == kind)
-        new = lim & ~keep
-        buy = delta > 0
-        touch = np.where(buy, self._bid[t], self._ask[t])
-        behind = np.where(kind == 2, np.where(buy, -self._tick, self._tick), 0.0)
-        self.order_active = lim
-        self.order_target = np.where(lim, target, 0.0)
-        self.order_kind = np.where(lim, kind, 0)
-        self.order_price = np.where(new, touch + behind, np.where(keep, self.order_price, 0.0))
-        self.order_ttl = np.where(new, self._urgency[a[:, 3]], np.where(keep, self.order_ttl, 0))
-
-        # mark to market over bar t -> t+1 with the position held after the market fill
-        mtm = position * self._ret[t]
-
-        # working orders at the close of bar j
-        u = self.rng.random(self.num_envs)
-        active = self.order_active
-        o_delta = self.order_target - position
-        o_buy = o_delta > 0
-        price = self.order_price
-        bid_j, ask_j = self._bid[j], self._ask[j]
-        half_tick = 0.5 * self._tick
-        through = np.where(o_buy, bid_j < price - half_tick, ask_j > price + half_tick)
-        k = np.maximum(np.rint(np.where(o_buy, bid_j - price, price - ask_j) / self._tick), 0.0)
-        press = np.where(o_buy, self._sell_press[j], self._buy_press[j]) / self._mean_press
-        rate = np.sqrt(self._count[j] / self._mean_count) * np.sqrt(np.minimum(press, PRESSURE_CAP))
-        with np.errstate(invalid="ignore"):  # inf * 0 when fill_base_rate is 1 and no trades
-            lam = self._lam0 * rate * PASSIVE_DECAY**k
-            prob = np.where(np.isnan(lam), 0.0, -np.expm1(-lam))
-        filled = active & (through | (u < prob))
-        mid_j = self._mid[j]
-        fill_fee = np.where(filled, np.abs(o_delta) * self._maker, 0.0)
-        fill_edge = np.where(filled, o_delta * (mid_j - price) / mid_j, 0.0)
-        turnover = turnover + np.where(filled, np.abs(o_delta), 0.0)
-        position = np.where(filled, self.order_target, position)
-        ttl = np.where(active & ~filled, self.order_ttl - 1, 0)
-        self.order_active = active & ~filled & (ttl > 0)
-        self.order_ttl = np.where(self.order_active, ttl, 0)
-        self.order_target = np.where(self.order_active, self.order_target, 0.0)
-        self.order_kind = np.where(self.order_active, self.order_kind, 0)
-        self.order_price = np.where(self.order_active, self.order_price, 0.0)
-
-        cost = mkt_cost + fill_fee
-        pnl = mtm - cost + fill_edge
-        pnl_bps = 1e4 * pnl
-        # account bookkeeping
-        same = (np.sign(position) == np.sign(p_old)) & (position != 0)
-        self.open_pnl_bps = np.where(
-            position == 0, 0.0, np.where(same, self.open_pnl_bps + pnl_bps, pnl_bps)
-        )
-        self.hold = np.where(position == 0, 0, np.where(same, self.hold + 1, 1))
-        self.position = position
-        self.cursor = j
-        self.steps = self.steps + 1
-
-        truncated = self.steps >= self.episode_len
-        obs = self._observe()
+        fill_u = self.rng.random(self.num_envs)
+        ending = np.flatnonzero(self.steps + 1 >= self.episode_len)
+        starts = np.zeros(self.num_envs, dtype=np.int64)
+        if ending.size:
+            starts[ending] = self._draw_starts(ending.size)
+        state, out = transition(self._state(), a, self.market, self.params, fill_u, starts)
+        self._set_state(state)
         info: dict[str, Any] = {
-            "final_obs": obs,
-            "pnl_bps": pnl_bps,
-            "turnover": turnover,
-            "cost_bps": 1e4 * cost,
-            "position": position.copy(),
+            "final_obs": out.final_obs,
+            "pnl_bps": out.pnl_bps,
+            "turnover": out.turnover,
+            "cost_bps": out.cost_bps,
+            "position": out.position,
         }
-        if truncated.any():
-            obs = obs.copy()
-            idx = np.flatnonzero(truncated)
-            self._reset_envs(idx)
-            obs[idx] = self._observe()[idx]
-        reward = (pnl_bps / self.settings.reward_scale_bps).astype(np.float32)
-        terminated = np.zeros(self.num_envs, dtype=bool)
-        return obs, reward, terminated, truncated, info
+        return out.obs, out.reward, out.terminated, out.truncated, info
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: per-episode arrays (NumPy, exact)
         and JSON-able scalars, including the generator's ``bit_generator.state``."""
-        return {
-            "version": _STATE_VERSION,
-            "mode": self.mode,
-            "num_envs": self.num_envs,
-            "episode_len": self.episode_len,
-            "data_len": len(self.split),
-            "data_first_ts": int(self.split.timestamp[0]),
-            "ready": self._ready,
-            "cursor": self.cursor.copy(),
-            "start": self.start.copy(),
-            "steps": self.steps.copy(),
-            "position": self.position.copy(),
-            "open_pnl_bps": self.open_pnl_bps.copy(),
-            "hold": self.hold.copy(),
-            "order_active": self.order_active.astype(np.int8),
-            "order_target": self.order_target.copy(),
-            "order_price": self.order_price.copy(),
-            "order_kind": self.order_kind.copy(),
-            "order_ttl": self.order_ttl.copy(),
-            "rng_state": self.rng.bit_generator.state,
-        }
+        state: dict[str, Any] = {"version": STATE_VERSION, **identity(self.mode, self.num_envs,
+                                                                        self.episode_len, self.split)}
+        state["ready"] = self._ready
+        for k in STATE_FIELDS:
+            v = getattr(self, k)
+            state[k] = v.astype(np.int8) if v.dtype == np.bool_ else v.copy()
+        state["rng_state"] = self.rng.bit_generator.state
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (arrays may come back as lists)."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported env state version {state.get('version')!r}")
-        expect = {
-            "mode": self.mode,
-            "num_envs": self.num_envs,
-            "episode_len": self.episode_len,
-            "data_len": len(self.split),
-            "data_first_ts": int(self.split.timestamp[0]),
-        }
-        for key, value in expect.items():
-            if state[key] != value:
-                raise ValueError(
-                    f"env state was saved with {key}={state[key]!r}, this env has {value!r}"
-                )
-        n = self.num_envs
-        arrays = {
-            "cursor": np.int64, "start": np.int64, "steps": np.int64, "position": np.float64,
-            "open_pnl_bps": np.float64, "hold": np.int64, "order_active": bool,
-            "order_target": np.float64, "order_price": np.float64, "order_kind": np.int64,
-            "order_ttl": np.int64,
-        }
-        for key, dtype in arrays.items():
-            arr = np.array(state[key], dtype=dtype)
-            if arr.shape != (n,):
-                raise ValueError(f"env state {key!r} has shape {arr.shape}, expected ({n},)")
-            setattr(self, key, arr)
+        self._set_state(check_state(state, identity(self.mode, self.num_envs, self.episode_len,
+                                                    self.split)))
         self.rng.bit_generator.state = state["rng_state"]
         self._ready = bool(state["ready"])
+
+
+# ---------------------------------------------------------------------- checkpoint helpers
+def identity(mode: str, num_envs: int, episode_len: int, split: MarketData) -> dict[str, Any]:
+    """The values a saved state must agree on with the environment that loads it."""
+    return {"mode": mode, "num_envs": num_envs, "episode_len": episode_len,
+            "data_len": len(split), "data_first_ts": int(split.timestamp[0])}
+
+
+def check_state(state: dict[str, Any], expect: dict[str, Any]) -> State:
+    """Validate a saved state against ``expect`` (see :func:`identity`); return its arrays."""
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"unsupported env state version {state.get('version')!r}")
+    for key, value in expect.items():
+        if state[key] != value:
+            raise ValueError(f"env state was saved with {key}={state[key]!r}, this env has {value!r}")
+    n = expect["num_envs"]
+    out: State = {}
+    for key, dtype in STATE_FIELDS.items():
+        arr = np.array(state[key], dtype=dtype)
+        if arr.shape != (n,):
+            raise ValueError(f"env state {key!r} has shape {arr.shape}, expected ({n},)")
+        out[key] = arr
+    return out
