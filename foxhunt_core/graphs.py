@@ -20,6 +20,7 @@ capture like the core's own code, so they are inside the graph. A new flag set m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .agent import Agent, tree_copy
@@ -30,29 +31,38 @@ BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminal")
 class GraphedUpdate:
     """One captured training update for a fixed batch size."""
 
-    def __init__(self, agent: Agent, batch_size: int, warmup: int = 2) -> None:
+    def __init__(self, agent: Agent, batch_size: int, warmup: int = 2, stream: Any = None,
+                 sampler: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``sampler``, when given, fills fixed batch buffers on the device (the GPU replay's
+        draw) and becomes the first part of the graph; otherwise :meth:`load_batch` fills them."""
         import cupy as cp
 
         if agent.xp is not cp:
             raise ValueError("CUDA graphs need the CuPy backend")
         self.cp = cp
         self.agent = agent
+        self.sampler = sampler
         S = agent.settings.net.state_dim
         D = agent.num_branches
         dt = agent.dtype
-        self.batch = {
-            "obs": cp.zeros((batch_size, S), dt),
-            "next_obs": cp.zeros((batch_size, S), dt),
-            "action": cp.zeros((batch_size, D), cp.int64),
-            "reward": cp.zeros(batch_size, dt),
-            "terminal": cp.zeros(batch_size, dt),
-        }
+        if sampler is not None:
+            self.batch = sampler()  # allocates the buffers outside the capture
+        else:
+            self.batch = {
+                "obs": cp.zeros((batch_size, S), dt),
+                "next_obs": cp.zeros((batch_size, S), dt),
+                "action": cp.zeros((batch_size, D), cp.int64),
+                "reward": cp.zeros(batch_size, dt),
+                "terminal": cp.zeros(batch_size, dt),
+            }
         self.entropy_coeff = cp.zeros((), dt)
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.stream = stream if stream is not None else cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
         self._capture(warmup)
 
-    def _body(self) -> tuple[dict[str, Any], Any, Any]:
+    def _body(self, sample: bool = True) -> tuple[dict[str, Any], Any, Any]:
+        if sample and self.sampler is not None:
+            self.sampler()
         return self.agent.update(self.batch, self.entropy_coeff)
 
     def _capture(self, warmup: int) -> None:
@@ -61,7 +71,7 @@ class GraphedUpdate:
                  agent.opt.t, agent.opt.t_dev.copy())
         with self.stream, cp.cuda.using_allocator(self.pool.malloc):
             for _ in range(warmup):
-                self._body()
+                self._body(sample=False)  # no draw: the replay's sampling counter is untouched
             self.stream.synchronize()
             _restore(agent, saved)
             self.stream.synchronize()

@@ -89,13 +89,17 @@ class QPipeline:
         _, grads["core"] = attention.backward(params["core"], out.caches[0], dq)
         return grads
 
-    def selection_values(self, probs: Array, z: Array, out: QOut, iqn_readiness: float) -> Array:
-        """The values [B, A] that actions are chosen by."""
+    def selection_values(self, probs: Array, z: Array, out: QOut, iqn_readiness: Any) -> Array:
+        """The values [B, A] that actions are chosen by.
+
+        ``iqn_readiness`` is a float, or on the GPU a 0-d device array (a captured collection
+        step reads it when it runs), so a stage must use it in array arithmetic, not ``float()``.
+        """
         if self.select is None:
             return out.q_coord
         xp = _xp(probs)
         return self.select.select_values(
-            xp, SelectInputs(probs, z, out.q_raw, out.q_coord, float(iqn_readiness))
+            xp, SelectInputs(probs, z, out.q_raw, out.q_coord, iqn_readiness)
         )
 
 

@@ -123,7 +123,7 @@ class SelectInputs:
     support: Array  # [num_atoms]
     q_raw: Array  # [B, A] expected Q before pre-attention stages
     q_coordinated: Array  # [B, A]
-    iqn_readiness: float
+    iqn_readiness: Any  # a float, or a 0-d device array on the GPU (use it in array arithmetic)
 
 
 @runtime_checkable

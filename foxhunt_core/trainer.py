@@ -15,6 +15,7 @@ pieces with ``resume`` ends with exactly the parameters of an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -32,26 +33,18 @@ from .checkpoint import (
     save_checkpoint,
     unflatten,
 )
+from .collector import DeviceCollector, HostCollector
 from .config import RunSettings
-from .env import TradingEnv
 from .evaluate import baseline_policies, evaluate
-from .explore import LiquidTau, annealed_tau, boltzmann_select, iqn_readiness
+from .explore import LiquidTau, annealed_tau, iqn_readiness
 from .hookspecs import RunContext
 from .logs import RunLog, Stopwatch, jsonable
 from .market import simulate, split_by_time
 from .plugins import PluginSet
-from .replay import ReplayBuffer
+from .qpipe import branch_argmax
 
 CHECKPOINT = "checkpoint.safetensors"
 EVAL_COLUMNS = ("total_return", "sharpe", "max_drawdown", "turnover")
-
-
-def _gen_state(g: np.random.Generator) -> dict[str, Any]:
-    return g.bit_generator.state
-
-
-def _set_gen_state(g: np.random.Generator, s: dict[str, Any]) -> None:
-    g.bit_generator.state = s
 
 
 class Trainer:
@@ -79,59 +72,57 @@ class Trainer:
 
         ss = np.random.SeedSequence(settings.seed)
         g_init, g_env, g_replay, g_explore = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(4))
-        self.rng_env, self.rng_replay, self.rng_explore = g_env, g_replay, g_explore
 
         m = settings.market
         self.market = simulate(m)
         self.splits = split_by_time(self.market, m.train_fraction, m.val_fraction)
-        self.env = TradingEnv(self.splits.train, settings.env, g_env)
         self.agent = Agent(settings, self.plugins, self.xp, g_init, options=self.options)
         nb = self.agent.num_branches
-        self.replay = ReplayBuffer(settings.train.replay_capacity, settings.net.state_dim, nb, self.xp)
         t = settings.train
+        self.stream: Any = None
+        if self.device == "cuda" and t.gpu_collection:
+            import cupy
+
+            self.stream = cupy.cuda.Stream(non_blocking=True)  # collection and updates, in order
+            with self.stream:
+                self.collector: Any = DeviceCollector(self.agent, self.splits.train, settings, settings.seed,
+                                                      use_graph=t.cuda_graphs)
+            self.collector.stream = self.stream
+        else:
+            self.collector = HostCollector(self.agent, self.splits.train, settings,
+                                           {"env": g_env, "replay": g_replay, "explore": g_explore})
         self.liquid = LiquidTau(nb, t.liquid_init, t.liquid_tau_min, t.liquid_tau_max, t.liquid_dt)
         self.ctx = RunContext(
             step=0, total_steps=t.steps, iqn_readiness=0.0,
             base_entropy_coeff=t.entropy_coeff, entropy_coeff=t.entropy_coeff, options=self.options,
         )
         self.step = 0
-        self.env_steps = 0
         self.first_raw_q_mean: float | None = None
         self.history: list[dict[str, float]] = []
         self.train_seconds = 0.0
         self.graphed: Any = None
-        self.obs, _ = self.env.reset()
+
+    @property
+    def env_steps(self) -> int:
+        return self.collector.env_steps
+
+    @property
+    def replay(self) -> Any:
+        return self.collector.replay
 
     # ------------------------------------------------------------------ acting
-    def _act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        xp, t = self.xp, self.settings.train
-        readiness = iqn_readiness(self.step, t.steps, t.iqn_ramp_fraction)
-        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), readiness)
-        if not explore:
-            from .qpipe import branch_argmax
-
-            return backend.to_numpy(branch_argmax(values, self.agent.offsets))
+    def _exploration(self) -> None:
+        """Push this interval's temperatures ``tau_t * liquid_mod[d]`` and iqn_readiness to the
+        collector (once per stats interval: on the GPU they are device scalars)."""
+        t = self.settings.train
         tau = annealed_tau(self.step, t.steps, t.tau, t.tau_min, t.tau_decay_fraction)
-        temps = xp.asarray(tau * self.liquid.mod, dtype=xp.float32)
-        u = xp.asarray(self.rng_explore.random((obs.shape[0], self.agent.num_branches)), dtype=xp.float32)
-        return backend.to_numpy(boltzmann_select(values, self.agent.offsets, temps, u))
+        self.collector.set_exploration(tau * self.liquid.mod, iqn_readiness(self.step, t.steps, t.iqn_ramp_fraction))
 
-    def _random_actions(self, n: int) -> np.ndarray:
-        sizes = np.asarray(self.settings.net.branch_sizes)
-        return (self.rng_explore.random((n, len(sizes))) * sizes).astype(np.int64)
-
-    def _collect(self, random: bool) -> None:
-        obs = self.obs
-        actions = self._random_actions(obs.shape[0]) if random else self._act(obs, explore=True)
-        nxt, reward, terminated, truncated, info = self.env.step(actions)
-        next_for_replay = info["final_obs"]  # the pre-reset observation where truncated
+    def _act(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions for observations on the host (evaluation)."""
         xp = self.xp
-        self.replay.add(
-            xp.asarray(obs), xp.asarray(actions), xp.asarray(reward, dtype=xp.float32),
-            xp.asarray(next_for_replay), xp.asarray(terminated.astype(np.float32)),
-        )
-        self.obs = nxt
-        self.env_steps += obs.shape[0]
+        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), 1.0)
+        return backend.to_numpy(branch_argmax(values, self.agent.offsets))
 
     # ------------------------------------------------------------------ training
     def train(self, until_step: int | None = None, progress: Callable[[int, int], None] | None = None) -> None:
@@ -140,41 +131,48 @@ class Trainer:
         until = t.steps if until_step is None else min(int(until_step), t.steps)
         clock = Stopwatch()
         start_step = self.step
-        while len(self.replay) < min(t.warmup_steps, t.replay_capacity):
-            self._collect(random=True)
-        self.log.event("train_start", step=self.step, until=until, device=self.device,
-                       plugins=self.plugins.names)
-        while self.step < until:
-            for _ in range(t.collect_per_update):
-                self._collect(random=False)
-            batch = self.replay.sample(t.batch_size, self.rng_replay)
-            scalars, out, q = self._update(batch)
-            self.step += 1
-            if self.step % t.target_sync_every == 0:
-                self.agent.sync_target()
-            if self.step % t.stats_every == 0:
-                self._interval(scalars, self.agent.statistics(out, q))
-            if self.step % t.checkpoint_every == 0 and self.step < until:
-                self.save()
-            if progress is not None:
-                progress(self.step, until)
+        with self.stream if self.stream is not None else contextlib.nullcontext():
+            while len(self.replay) < min(t.warmup_steps, t.replay_capacity):
+                self.collector.collect(random=True)
+            self.log.event("train_start", step=self.step, until=until, device=self.device,
+                           plugins=self.plugins.names)
+            self._exploration()
+            while self.step < until:
+                for _ in range(t.collect_per_update):
+                    self.collector.collect()
+                scalars, out, q = self._update()
+                self.step += 1
+                if self.step % t.target_sync_every == 0:
+                    self.agent.sync_target()
+                if self.step % t.stats_every == 0:
+                    self._interval(scalars, self.agent.statistics(out, q))
+                    self._exploration()
+                if self.step % t.checkpoint_every == 0 and self.step < until:
+                    self.save()
+                if progress is not None:
+                    progress(self.step, until)
+            if self.xp is not np:
+                self.xp.cuda.get_current_stream().synchronize()
         self.train_seconds += clock.seconds()
         done = self.step - start_step
         self.log.event("train_end", step=self.step, updates=done, seconds=round(clock.seconds(), 3))
         self.save()
 
-    def _update(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    def _update(self) -> tuple[dict[str, Any], Any, Any]:
         """One gradient step: a CUDA-graph replay on the GPU, eager otherwise."""
         t = self.settings.train
         if self.device == "cuda" and t.cuda_graphs:
             if self.graphed is None:
                 from .graphs import GraphedUpdate
 
-                self.graphed = GraphedUpdate(self.agent, t.batch_size)
+                device_replay = isinstance(self.collector, DeviceCollector)
+                sampler = (lambda: self.collector.sample(t.batch_size)) if device_replay else None
+                self.graphed = GraphedUpdate(self.agent, t.batch_size, stream=self.stream, sampler=sampler)
                 self.log.event("graph_captured", what="update", batch_size=t.batch_size)
-            self.graphed.load_batch(batch)
+            if self.graphed.sampler is None:
+                self.graphed.load_batch(self.collector.sample(t.batch_size))
             return self.graphed.replay(self.ctx.entropy_coeff)
-        return self.agent.update(batch, self.ctx.entropy_coeff)
+        return self.agent.update(self.collector.sample(t.batch_size), self.ctx.entropy_coeff)
 
     def _interval(self, scalars: dict[str, Any], stats: dict[str, float]) -> None:
         """Once per stats interval: record, hooks, liquid tau, entropy coefficient."""
@@ -210,7 +208,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def policy(self) -> Callable[[np.ndarray], np.ndarray]:
-        return lambda obs: self._act(obs, explore=False)
+        return self._act
 
     def evaluate(self, split: str = "test") -> dict[str, dict[str, float]]:
         """Greedy policy and the baselines on a held-out split (fresh, seeded RNG per policy)."""
@@ -225,7 +223,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _meta(self) -> dict[str, Any]:
-        env_arrays, env_meta = _split_state(self.env.state_dict())
         return {
             "foxhunt_version": __version__,
             "settings": self.settings.model_dump(mode="json"),
@@ -233,30 +230,23 @@ class Trainer:
             "flags_sha256": self.flags_sha256,
             "plugins": self.plugins.names,
             "step": self.step,
-            "env_steps": self.env_steps,
             "adam_t": self.agent.opt.t,
-            "rng": {"env": _gen_state(self.rng_env), "replay": _gen_state(self.rng_replay),
-                    "explore": _gen_state(self.rng_explore)},
             "liquid": self.liquid.state(),
             "ctx": {"entropy_coeff": self.ctx.entropy_coeff, "stash": self.ctx.stash},
             "first_raw_q_mean": self.first_raw_q_mean,
-            "replay": self.replay.state_dict()["meta"],
-            "env": env_meta,
             "train_seconds": self.train_seconds,
-        }, env_arrays
+        }
 
     def save(self) -> Path | None:
         if self.out_dir is None:
             return None
-        meta, env_arrays = self._meta()
-        tensors = {}
+        meta = self._meta()
+        arrays, meta["collector"] = self.collector.state()
+        tensors = dict(arrays)
         tensors.update(flatten("online", self.agent.online))
         tensors.update(flatten("target", self.agent.target))
         tensors.update(flatten("adam.m", self.agent.opt.m))
         tensors.update(flatten("adam.v", self.agent.opt.v))
-        tensors.update(self.replay.state_dict()["arrays"])
-        tensors.update({f"env/{k}": v for k, v in env_arrays.items()})
-        tensors["obs"] = np.asarray(self.obs)
         path = self.out_dir / CHECKPOINT
         save_checkpoint(path, tensors, jsonable(meta))
         atomic_write_text(self.out_dir / "metrics.json", json.dumps(jsonable(self.history), indent=1))
@@ -279,18 +269,14 @@ class Trainer:
                         raise CheckpointError(f"{path}: tensor {prefix}/{o}/{k} is missing or misshapen")
                     v[...] = self.xp.asarray(saved[o][k])
         self.agent.opt.load_state(self.agent.opt.m, self.agent.opt.v, int(meta["adam_t"]))
-        self.replay.load_state_dict(tensors, meta["replay"])
-        env_state = dict(meta["env"])
-        env_state.update({k[len("env/"):]: v for k, v in tensors.items() if k.startswith("env/")})
-        self.env.load_state_dict(env_state)
-        self.obs = tensors["obs"]
-        _set_gen_state(self.rng_env, meta["rng"]["env"])
-        _set_gen_state(self.rng_replay, meta["rng"]["replay"])
-        _set_gen_state(self.rng_explore, meta["rng"]["explore"])
+        try:
+            self.collector.load(tensors, meta["collector"])
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"{path}: collector state: {exc}") from None
         self.liquid.load(meta["liquid"])
         self.ctx.entropy_coeff = float(meta["ctx"]["entropy_coeff"])
         self.ctx.stash = meta["ctx"]["stash"]
-        self.step, self.env_steps = int(meta["step"]), int(meta["env_steps"])
+        self.step = int(meta["step"])
         self.first_raw_q_mean = meta["first_raw_q_mean"]
         self.train_seconds = float(meta.get("train_seconds", 0.0))
         mpath = path.parent / "metrics.json"
@@ -304,10 +290,3 @@ def _without_steps(settings: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(settings))
     out["train"].pop("steps", None)
     return out
-
-
-def _split_state(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Separate an env state dict into arrays (tensors) and JSON-able values."""
-    arrays = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
-    rest = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
-    return arrays, rest
