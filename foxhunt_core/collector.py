@@ -140,7 +140,7 @@ class DeviceCollector:
         self.env_steps = 0
         self.use_graph = use_graph
         self.graph: Any = None
-        self._random = False
+        self.stream: Any = None  # the trainer's stream, shared with the update graph
 
     def set_exploration(self, temps: np.ndarray, readiness: float) -> None:
         self.temps[...] = self.cp.asarray(np.asarray(temps, dtype=np.float32))
@@ -171,7 +171,8 @@ class DeviceCollector:
 
     def _capture(self) -> None:
         cp = self.cp
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        if getattr(self, "stream", None) is None:
+            self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
         cp.cuda.get_current_stream().synchronize()
         with self.stream, cp.cuda.using_allocator(self.pool.malloc):
