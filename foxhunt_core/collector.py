@@ -174,6 +174,7 @@ class DeviceCollector:
         if getattr(self, "stream", None) is None:
             self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
+        self._prepare()
         cp.cuda.get_current_stream().synchronize()
         with self.stream, cp.cuda.using_allocator(self.pool.malloc):
             self.stream.begin_capture()
@@ -182,6 +183,21 @@ class DeviceCollector:
             finally:
                 self.graph = self.stream.end_capture()
         self.stream.synchronize()
+
+    def _prepare(self) -> None:
+        """Everything a capture may not do, done beforehand without changing any state: compile
+        and load the kernels, create the cuBLAS handle and the network's device constants (a
+        resumed run captures before it has stepped once)."""
+        from .gpu.kernels import boltzmann_select as select
+
+        cp = self.cp
+        values = self.agent.act_values(self.env.obs, self.readiness)  # pure: no state changes
+        scratch = cp.zeros(1, dtype=cp.uint64)
+        select(values, self.agent.offsets, self.temps, self.select_seed, scratch, actions=cp.empty_like(self.actions))
+        self.env._kernel("env_step", self.actions.dtype)
+        self.env._kernel("env_advance_counter")
+        self.replay._module(self.actions.dtype, self.env.terminated.dtype)
+        cp.cuda.get_current_stream().synchronize()
 
     def sync(self) -> None:
         """Make the current stream wait for collection replays (before an update reads the replay)."""
