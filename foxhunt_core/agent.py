@@ -83,9 +83,17 @@ class Agent:
             if p:
                 tree[st.name] = p
         self.online: Tree = tree_to(xp, tree, dtype)
+        flat = None
+        if xp is not np and np.dtype(dtype) == np.float32:
+            from .gpu.flat import FlatTree
+
+            flat = FlatTree.from_tree(self.online)  # one buffer; its views are the parameters
+            self.online = flat.tree
         self.target: Tree = tree_copy(self.online)
         t = settings.train
         self.opt = Adam(self.online, t.lr, tuple(t.adam_betas), t.adam_eps, t.grad_clip)
+        if flat is not None:
+            self.opt.use_flat(flat)
         self.z = c51.support(settings.net.v_min, settings.net.v_max, settings.net.num_atoms, xp, dtype)
         self.branch_base = xp.asarray(self.offsets[:-1], dtype=xp.int64)[None, :]  # first action of each branch
 

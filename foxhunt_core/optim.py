@@ -52,12 +52,32 @@ class Adam:
         self.xp = _xp(first)
         self.on_device = self.xp is not np
         self.t_dev = self.xp.zeros((), dtype=self.xp.float64) if self.on_device else None
+        self.flat: Any = None
+
+    def use_flat(self, flat_params: Any) -> None:
+        """Switch to the fused GPU update over one flat buffer (``flat_params`` is the
+        :class:`~foxhunt_core.gpu.flat.FlatTree` whose views *are* the parameters): one norm
+        reduction and one update kernel instead of a dozen launches per tensor."""
+        from .gpu.optim import adam_workspace
+
+        self.flat = flat_params
+        self.gflat = flat_params.zeros_like()
+        self.mflat = flat_params.zeros_like()
+        self.vflat = flat_params.zeros_like()
+        self.mflat.load(self.m)
+        self.vflat.load(self.v)
+        self.m, self.v = self.mflat.tree, self.vflat.tree
+        self.t_dev = self.xp.full((1,), self.t, dtype=self.xp.int32)
+        self.workspace = adam_workspace()
+        self.scalars = self.xp.zeros(4, dtype=self.xp.float32)
 
     def step(self, params: Tree, grads: Tree) -> Any:
         """Apply one update in place; returns the gradient norm before clipping.
 
         The norm is a float on the CPU and a 0-d device array on a GPU.
         """
+        if self.flat is not None:
+            return self._step_flat(grads)
         if self.on_device:
             return self._step_device(params, grads)
         norm = global_norm(grads)
@@ -114,6 +134,21 @@ class Adam:
                 p -= step * m / (xp.sqrt(v / c2) + self.eps)
         return norm
 
+    def _step_flat(self, grads: Tree) -> Any:
+        from .gpu.optim import adam_step
+
+        for owner, name, view in self.gflat.items():
+            g = grads.get(owner, {}).get(name)
+            if g is None:
+                view.fill(0)
+            else:
+                view[...] = g
+        self.t += 1
+        adam_step(self.flat.buffer, self.gflat.buffer, self.mflat.buffer, self.vflat.buffer, self.t_dev,
+                  self.lr, self.b1, self.b2, self.eps, self.clip_norm, scalars=self.scalars,
+                  workspace=self.workspace)
+        return self.scalars[0]
+
     def state_tree(self) -> dict[str, Tree]:
         return {"m": self.m, "v": self.v}
 
@@ -124,4 +159,4 @@ class Adam:
                 self.v[owner][k][...] = v[owner][k]
         self.t = int(t)
         if self.t_dev is not None:
-            self.t_dev.fill(float(t))
+            self.t_dev.fill(t)
