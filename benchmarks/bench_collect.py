@@ -7,6 +7,8 @@ For each number of parallel episodes (default 4096, 16384, 65536) on the synthet
 * ``collect graph`` — a full collection timestep from a captured CUDA graph: Boltzmann selection
   on given Q-values (``gpu.kernels.boltzmann_select``, Philox keyed by a device counter), the
   environment step, and the replay add of ``(prev_obs, actions, reward, final_obs, terminated)``;
+* ``collect policy graph`` — the trainer's own timestep (``collector.DeviceCollector``): the same
+  plus the stage-0 network's forward pass and Q pipeline on every episode to get the Q-values;
 
 plus, in the same run, the NumPy environment on the CPU (:class:`TradingEnv`, and the same
 timestep with ``explore.boltzmann_select`` and ``ReplayBuffer.add``) at 4096 episodes.
@@ -104,6 +106,31 @@ def bench_gpu(split: Any, episodes: int, args: argparse.Namespace) -> dict[str, 
     return out
 
 
+def bench_policy(split: Any, episodes: int, args: argparse.Namespace) -> float:
+    """The trainer's whole GPU collection timestep (:class:`foxhunt_core.collector.DeviceCollector`):
+    the stage-0 network's forward and Q pipeline on every episode, Boltzmann draw, environment
+    step and replay add, replayed from its captured graph; environment steps per second."""
+    import cupy as cp
+
+    from foxhunt_core.agent import Agent
+    from foxhunt_core.collector import DeviceCollector
+    from foxhunt_core.config import RunSettings
+    from foxhunt_core.plugins import PluginSet
+
+    settings = RunSettings.model_validate({"env": {"num_envs": episodes},
+                                           "train": {"replay_capacity": max(args.replay_capacity, episodes)}})
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))
+        col = DeviceCollector(agent, split, settings, seed=4)
+        col.stream = stream
+        col.collect(random=True)
+        col.collect()  # captures the graph
+        rate = _gpu_rate(cp, stream, col.collect, 1, episodes, args.calls, args.repeats)
+        col.env.check()
+    return rate
+
+
 def bench_cpu(split: Any, episodes: int, args: argparse.Namespace) -> dict[str, float]:
     from foxhunt_core.config import EnvSettings
     from foxhunt_core.env import TradingEnv
@@ -161,14 +188,16 @@ def main() -> None:
 
         device = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
         for n in args.episodes:
-            rows.append({"device": device, **bench_gpu(split, n, args)})
+            row = {"device": device, **bench_gpu(split, n, args)}
+            row["collect_policy_graph"] = bench_policy(split, n, args)
+            rows.append(row)
     except ImportError:
         print("CuPy is not installed: GPU rows skipped")
     rows.append({"device": "cpu (NumPy)", **bench_cpu(split, args.cpu_episodes, args)})
 
     print(f"\nenvironment steps per second, millions (median of {args.repeats}; "
           f"graphs hold {args.unroll} timesteps; {len(split)} bars)")
-    cols = ("env_eager", "env_graph", "collect_eager", "collect_graph")
+    cols = ("env_eager", "env_graph", "collect_eager", "collect_graph", "collect_policy_graph")
     print(f"{'device':<24}{'episodes':>10}" + "".join(f"{c:>15}" for c in cols) + f"{'us/timestep':>13}")
     for r in rows:
         cells = "".join(f"{r[c] / 1e6:>15.2f}" if c in r else f"{'-':>15}" for c in cols)
