@@ -1,4 +1,9 @@
-"""The ``foxhunt`` command line: train, evaluate and resume runs."""
+"""The ``foxhunt`` command line: train, evaluate and resume runs.
+
+The ``flags`` and ``plugins`` sub-command groups live in :mod:`foxhunt_core.cli_admin`.
+Operator errors (an invalid flag file, a broken plugin, a bad checkpoint) are printed one line
+per problem on stderr, without a traceback, and exit with code 2.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -19,7 +25,7 @@ from .checkpoint import CheckpointError, atomic_write_text, load_checkpoint
 from .config import RunSettings
 from .flags import FlagError, load_flags, parse_flags
 from .logs import jsonable
-from .plugins import PluginError, PluginSet, load_entry_point_plugins
+from .plugins import PluginError, discover
 from .trainer import CHECKPOINT, EVAL_COLUMNS, Trainer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt: C51 trading agents.")
@@ -32,12 +38,10 @@ class UsageFailure(Exception):
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    """Print ``msg`` (one line per problem, as is: no markup, no wrapping) and exit."""
+    for line in str(msg).splitlines() or [""]:
+        typer.echo(line, err=True)
     raise typer.Exit(code)
-
-
-def _plugin_set(names: list[str]) -> PluginSet:
-    return PluginSet(load_entry_point_plugins(names))
 
 
 def _progress() -> Progress:
@@ -121,12 +125,14 @@ def train(
         if steps is not None:
             settings = settings.model_copy(update={"train": settings.train.model_copy(update={"steps": steps})})
         settings = RunSettings.model_validate(settings.model_dump())
-        plugins = _plugin_set(f.enabled)
-        trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.options, console=not quiet)
+        plugins = (f.registry or discover()).plugin_set(f.enabled)
+        trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models, console=not quiet)
     except (FlagError, PluginError, BackendError) as exc:
         _fail(str(exc))
+    except ValidationError as exc:
+        _fail("\n".join(f"command line: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
     except ValueError as exc:
-        _fail(f"{flags}: {exc}")
+        _fail(f"{flags}: {' '.join(str(exc).split())}")
     _write_manifest(out, str(flags), f.text, f.sha256, settings, plugins.names, f.options)
     console.print(f"run [bold]{out}[/]: device {trainer.device}, seed {settings.seed}, "
                   f"{settings.train.steps} updates, plugins {plugins.names or 'none'}", highlight=False)
@@ -134,11 +140,18 @@ def train(
 
 
 def _rebuild(meta: dict[str, Any], out: Path | None, source: str) -> Trainer:
+    """A trainer for a checkpoint: plugins and their options from the flag text stored in it."""
     settings = RunSettings.model_validate(meta["settings"])
-    f = parse_flags(meta.get("flags_text", ""), source) if meta.get("flags_text") else None
-    plugins = _plugin_set(meta.get("plugins", []))
-    return Trainer(settings, plugins, out, meta.get("flags_text", ""), meta.get("flags_sha256", ""),
-                   options=f.options if f else {}, console=out is not None)
+    text = meta.get("flags_text", "")
+    if text:
+        f = parse_flags(text, f"{source}#flags")
+        registry, options = f.registry or discover(), dict(f.option_models)
+    else:
+        registry, options = discover(), {}
+        registry.check()
+    plugins = registry.plugin_set(meta.get("plugins", []))
+    return Trainer(settings, plugins, out, text, meta.get("flags_sha256", ""), options=options,
+                   console=out is not None)
 
 
 @app.command()
@@ -184,6 +197,16 @@ def eval_cmd(
     except ValueError as exc:
         _fail(str(exc))
     _evaluate_and_report(trainer, split)
+
+
+def _register_admin() -> None:
+    from .cli_admin import flags_app, plugins_app
+
+    app.add_typer(flags_app, name="flags")
+    app.add_typer(plugins_app, name="plugins")
+
+
+_register_admin()
 
 
 def main() -> None:  # pragma: no cover - console entry

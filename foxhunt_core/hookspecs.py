@@ -17,8 +17,9 @@ globals; the stash is saved in checkpoints, so it must hold JSON-serialisable va
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pluggy
@@ -35,6 +36,9 @@ from .stages import (
 PROJECT = "foxhunt"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+if TYPE_CHECKING:
+    from .manifest import PluginManifest
 
 
 @dataclass
@@ -57,6 +61,19 @@ class RunContext:
     def state_of(self, plugin: str) -> dict[str, Any]:
         """The plugin's own (checkpointed, JSON-serialisable) state dict, created on first use."""
         return self.stash.setdefault(plugin, {})
+
+
+# ----------------------------------------------------------------------------- registration
+@hookspec
+def register_plugin(register: Callable[[PluginManifest], None]) -> None:
+    """Declare the plugin: call ``register(manifest)`` exactly once.
+
+    Called once per installed plugin at discovery (:func:`foxhunt_core.plugins.discover`),
+    before any flag file is validated. The core checks every claim of the
+    :class:`~foxhunt_core.manifest.PluginManifest` (name = entry-point name, position against
+    the documented rollout order, hooks against the implementations, options model, kernels,
+    core version) and owns naming, duplicates and ordering. Every plugin must implement it.
+    """
 
 
 # ----------------------------------------------------------------------------- hot path
@@ -135,3 +152,4 @@ def entropy_coefficient(ctx: RunContext, base: float) -> float | None:
 HOT_PATH_HOOKS = ("pre_attention", "post_attention", "gate_activation", "action_select", "branch_inputs")
 INTERVAL_HOOKS = ("q_stats", "tau_update", "entropy_coefficient")
 ALL_HOOKS = HOT_PATH_HOOKS + INTERVAL_HOOKS
+REGISTRATION_HOOK = "register_plugin"

@@ -1,0 +1,3 @@
+"""foxhunt plugin ``atom_entropy``: adaptive entropy coefficient driven by an atom-utilization EMA."""
+
+__version__ = "0.1.0"
