@@ -165,7 +165,9 @@ def main() -> int:
     import cupy as cp
 
     from foxhunt_core.config import NetSettings
+    from foxhunt_core.gpu import cublas
 
+    cublas.set_tf32(True)
     net = NetSettings()
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     rows = []

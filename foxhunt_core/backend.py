@@ -39,6 +39,9 @@ def select(device: str, tf32: bool = True) -> tuple[Any, str]:
         if cuda_available():
             import cupy
 
+            from .gpu import cublas
+
+            cublas.set_tf32(tf32)
             return cupy, "cuda"
         if device == "cuda":
             raise BackendError("device 'cuda' requested but CuPy or a CUDA GPU is not available")

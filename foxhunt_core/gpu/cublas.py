@@ -5,7 +5,8 @@ although cuBLAS itself supports stream capture when it is given its own workspac
 GEMMs of the training step go through this small ctypes binding of ``cublasGemmEx`` and
 ``cublasGemmStridedBatchedEx`` on the same ``libcublas`` that CuPy loaded, with one handle per
 device, a fixed workspace (no allocation during capture) and the stream set only when it
-changes. TF32 tensor cores are used for float32 when enabled (``CUPY_TF32=1``).
+changes. TF32 tensor cores are used for float32 when enabled (:func:`set_tf32`; the default follows
+``CUPY_TF32``).
 
 Layout: arrays are row-major; an operand may be C-contiguous or the transpose view of a
 C-contiguous array (``w.T``); anything else is copied to contiguous first. The product of
@@ -27,6 +28,17 @@ WORKSPACE_BYTES = 32 << 20
 
 _lib: Any = None
 _handles: dict[int, _Handle] = {}
+_tf32 = os.environ.get("CUPY_TF32", "0") == "1"
+
+
+def set_tf32(enabled: bool) -> None:
+    """Use TF32 tensor cores for float32 GEMMs from now on (the run's ``train.tf32``)."""
+    global _tf32
+    _tf32 = bool(enabled)
+
+
+def tf32_enabled() -> bool:
+    return _tf32
 
 
 class CublasError(RuntimeError):
@@ -72,7 +84,6 @@ class _Handle:
         self.ptr = h
         self.stream = None
         self.workspace = cupy.cuda.memory.alloc(WORKSPACE_BYTES)  # persistent, outside any pool
-        self.tf32 = os.environ.get("CUPY_TF32", "0") == "1"
 
     def bind(self, stream_ptr: int) -> None:
         if stream_ptr != self.stream:
@@ -119,8 +130,7 @@ def _types(dtype: Any) -> tuple[int, int, Any]:
     import numpy as np
 
     if dtype == np.float32:
-        tf32 = os.environ.get("CUPY_TF32", "0") == "1"
-        return R_32F, (COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F), ctypes.c_float
+        return R_32F, (COMPUTE_32F_FAST_TF32 if _tf32 else COMPUTE_32F), ctypes.c_float
     if dtype == np.float64:
         return R_64F, COMPUTE_64F, ctypes.c_double
     raise TypeError(f"cublas gemm: unsupported dtype {dtype}")

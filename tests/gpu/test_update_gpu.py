@@ -14,6 +14,9 @@ pytestmark = pytest.mark.gpu
 def _cp():
     import cupy
 
+    from foxhunt_core.gpu import cublas
+
+    cublas.set_tf32(False)  # fp32 GEMMs: these tests compare against the NumPy float32 update
     return cupy
 
 
