@@ -198,9 +198,9 @@ def main() -> None:
     print(f"\nenvironment steps per second, millions (median of {args.repeats}; "
           f"graphs hold {args.unroll} timesteps; {len(split)} bars)")
     cols = ("env_eager", "env_graph", "collect_eager", "collect_graph", "collect_policy_graph")
-    print(f"{'device':<24}{'episodes':>10}" + "".join(f"{c:>15}" for c in cols) + f"{'us/timestep':>13}")
+    print(f"{'device':<24}{'episodes':>10}" + "".join(f"{c:>22}" for c in cols) + f"{'us/timestep':>13}")
     for r in rows:
-        cells = "".join(f"{r[c] / 1e6:>15.2f}" if c in r else f"{'-':>15}" for c in cols)
+        cells = "".join(f"{r[c] / 1e6:>22.2f}" if c in r else f"{'-':>22}" for c in cols)
         best = r.get("collect_graph", r.get("collect_eager"))
         print(f"{r['device'][:23]:<24}{r['episodes']:>10}" + cells + f"{1e6 * r['episodes'] / best:>13.1f}")
     big = [r for r in rows if r["episodes"] == 65536 and "collect_graph" in r]
