@@ -193,7 +193,17 @@ class Agent:
         return scalars, out, q
 
     def statistics(self, out: NetOutput, q: QOut) -> dict[str, float]:
-        return q_statistics(q, out.probs, self.offsets, self.settings.train.atom_mass_threshold)
+        """The Q-statistics record of a batch (:func:`foxhunt_core.qpipe.q_statistics`); on the
+        GPU one multi-block reduction kernel and a single device-to-host copy."""
+        thr = self.settings.train.atom_mass_threshold
+        if self.net.fused(out.probs):
+            from .gpu import kernels as K
+
+            xp = self.xp
+            qc, qr = xp.ascontiguousarray(q.q_coord), xp.ascontiguousarray(q.q_raw)
+            res = K.q_stats_reduce(qc, qr, xp.ascontiguousarray(out.probs), self.offsets, thr)
+            return K.q_stats_record(res, self.num_branches)
+        return q_statistics(q, out.probs, self.offsets, thr)
 
     def sync_target(self) -> None:
         for o, sub in self.online.items():
