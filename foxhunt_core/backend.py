@@ -87,7 +87,8 @@ def load_module(cu_path: str, defines: dict[str, Any] | None = None) -> Any:
         preamble = "".join(f"#define {k} {v}\n" for k, v in defs)
         arch = f"-arch=sm_{compute_capability()}"
         try:
-            mod = cupy.RawModule(code=preamble + src, options=(arch, "-std=c++17"))
+            # -I: a kernel may include headers that sit beside it (philox.cuh)
+            mod = cupy.RawModule(code=preamble + src, options=(arch, "-std=c++17", f"-I{path.parent.resolve()}"))
             mod.compile()
         except Exception as exc:  # noqa: BLE001 - NVRTC errors carry the compiler log
             raise BackendError(f"{path}: compilation failed: {exc}") from None

@@ -26,32 +26,9 @@
 #define MAX_BRANCH_SIZE 3
 #endif
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
+#include "philox.cuh"
 
 __constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
-
-__device__ __forceinline__ void philox4x32_10(unsigned int c[4], unsigned int k0, unsigned int k1) {
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        if (r > 0) {
-            k0 += PHILOX_W0;
-            k1 += PHILOX_W1;
-        }
-        const unsigned int hi0 = __umulhi(PHILOX_M0, c[0]);
-        const unsigned int lo0 = PHILOX_M0 * c[0];
-        const unsigned int hi1 = __umulhi(PHILOX_M1, c[2]);
-        const unsigned int lo1 = PHILOX_M1 * c[2];
-        const unsigned int n0 = hi1 ^ c[1] ^ k0;
-        const unsigned int n2 = hi0 ^ c[3] ^ k1;
-        c[0] = n0;
-        c[1] = lo1;
-        c[2] = n2;
-        c[3] = lo0;
-    }
-}
 
 // Known-answer check of the generator: out[4] = philox4x32_10(ctr, key) (one thread).
 extern "C" __global__ void philox4x32_10_kat(const unsigned int* ctr, const unsigned int* key,

@@ -12,7 +12,7 @@
 // ulp: they enter the fill probability (compared with a uniform) and the float32 holding-time
 // feature.
 //
-// Randomness: Philox4x32-10 (Salmon et al. 2011, Random123), written here with an `env_` prefix.
+// Randomness: Philox4x32-10 (Salmon et al. 2011, Random123; philox.cuh).
 // counter = (step counter lo, hi, episode, stream), key = (seed lo, hi); the step counter is read
 // from device memory and advanced by env_advance_counter, so a step has no host round trip and
 // can be captured in a CUDA graph. Words 0,1 give the fill uniform, 2,3 the reset-start uniform
@@ -37,28 +37,7 @@
 #define ENV_STREAM_RESET 1u      // Philox stream of env_reset draws
 #define ENV_BAD_ACTION 1         // bit set in `flags` when an action entry is outside 0..2
 
-// ---------------------------------------------------------------------------- Philox4x32-10
-__device__ __forceinline__ void env_philox_round(unsigned int c[4], const unsigned int k[2]) {
-    const unsigned int M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
-    const unsigned int hi0 = __umulhi(M0, c[0]), lo0 = M0 * c[0];
-    const unsigned int hi1 = __umulhi(M1, c[2]), lo1 = M1 * c[2];
-    const unsigned int c1 = c[1], c3 = c[3];
-    c[0] = hi1 ^ c1 ^ k[0];
-    c[1] = lo1;
-    c[2] = hi0 ^ c3 ^ k[1];
-    c[3] = lo0;
-}
-
-__device__ __forceinline__ void env_philox4x32_10(unsigned int c[4], unsigned int k0, unsigned int k1) {
-    unsigned int k[2] = {k0, k1};
-    env_philox_round(c, k);
-#pragma unroll
-    for (int r = 1; r < 10; ++r) {
-        k[0] += 0x9E3779B9u;
-        k[1] += 0xBB67AE85u;
-        env_philox_round(c, k);
-    }
-}
+#include "philox.cuh"
 
 // A double in [0, 1) from two 32-bit words (53 random bits).
 __device__ __forceinline__ double env_u01(unsigned int a, unsigned int b) {
@@ -68,7 +47,7 @@ __device__ __forceinline__ double env_u01(unsigned int a, unsigned int b) {
 __device__ __forceinline__ void env_draw(unsigned long long seed, unsigned long long counter,
                                          unsigned int episode, unsigned int stream, double u[2]) {
     unsigned int c[4] = {(unsigned int)counter, (unsigned int)(counter >> 32), episode, stream};
-    env_philox4x32_10(c, (unsigned int)seed, (unsigned int)(seed >> 32));
+    philox4x32_10(c, (unsigned int)seed, (unsigned int)(seed >> 32));
     u[0] = env_u01(c[0], c[1]);
     u[1] = env_u01(c[2], c[3]);
 }
@@ -358,7 +337,7 @@ extern "C" __global__ void env_philox_kat(const unsigned int* ctr, const unsigne
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= m) return;
     unsigned int c[4] = {ctr[4 * i], ctr[4 * i + 1], ctr[4 * i + 2], ctr[4 * i + 3]};
-    env_philox4x32_10(c, key[2 * i], key[2 * i + 1]);
+    philox4x32_10(c, key[2 * i], key[2 * i + 1]);
     for (int w = 0; w < 4; ++w) out[4 * i + w] = c[w];
 }
 

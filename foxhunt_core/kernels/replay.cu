@@ -8,8 +8,8 @@
 // (pos + r) % capacity and replay_commit then advances the cursor; a sample reads the fill level
 // from the device, so neither needs the host.
 //
-// Sampling: index_b = floor(u_b * size) with u_b from Philox4x32-10 (written here with a
-// `replay_` prefix) on counter = (draw counter lo, hi, b, stream) and key = (seed lo, hi); the
+// Sampling: index_b = floor(u_b * size) with u_b from Philox4x32-10 (philox.cuh) on
+// counter = (draw counter lo, hi, b, stream) and key = (seed lo, hi); the
 // draw counter lives on the device and replay_advance_counter moves it on after each sample.
 // A sample from an empty buffer reads row 0 (no host check is possible without a sync).
 
@@ -22,28 +22,7 @@
 
 #define REPLAY_STREAM_SAMPLE 2u     // Philox stream of sample draws (env_step uses 0 and 1)
 
-// ---------------------------------------------------------------------------- Philox4x32-10
-__device__ __forceinline__ void replay_philox_round(unsigned int c[4], const unsigned int k[2]) {
-    const unsigned int M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
-    const unsigned int hi0 = __umulhi(M0, c[0]), lo0 = M0 * c[0];
-    const unsigned int hi1 = __umulhi(M1, c[2]), lo1 = M1 * c[2];
-    const unsigned int c1 = c[1], c3 = c[3];
-    c[0] = hi1 ^ c1 ^ k[0];
-    c[1] = lo1;
-    c[2] = hi0 ^ c3 ^ k[1];
-    c[3] = lo0;
-}
-
-__device__ __forceinline__ void replay_philox4x32_10(unsigned int c[4], unsigned int k0, unsigned int k1) {
-    unsigned int k[2] = {k0, k1};
-    replay_philox_round(c, k);
-#pragma unroll
-    for (int r = 1; r < 10; ++r) {
-        k[0] += 0x9E3779B9u;
-        k[1] += 0xBB67AE85u;
-        replay_philox_round(c, k);
-    }
-}
+#include "philox.cuh"
 
 // ---------------------------------------------------------------------------- add
 // One thread per element of the incoming [n, obs_dim] observations; the first `branches`
@@ -106,7 +85,7 @@ extern "C" __global__ void replay_sample(
             const unsigned long long ctr = counter[0];
             unsigned int c[4] = {(unsigned int)ctr, (unsigned int)(ctr >> 32), (unsigned int)b,
                                  REPLAY_STREAM_SAMPLE};
-            replay_philox4x32_10(c, (unsigned int)seed, (unsigned int)(seed >> 32));
+            philox4x32_10(c, (unsigned int)seed, (unsigned int)(seed >> 32));
             const double u = ((double)(c[0] >> 5) * 67108864.0 + (double)(c[1] >> 6))
                              * (1.0 / 9007199254740992.0);
             const long long size = cursor[1];
@@ -138,6 +117,6 @@ extern "C" __global__ void replay_philox_kat(const unsigned int* ctr, const unsi
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= m) return;
     unsigned int c[4] = {ctr[4 * i], ctr[4 * i + 1], ctr[4 * i + 2], ctr[4 * i + 3]};
-    replay_philox4x32_10(c, key[2 * i], key[2 * i + 1]);
+    philox4x32_10(c, key[2 * i], key[2 * i + 1]);
     for (int w = 0; w < 4; ++w) out[4 * i + w] = c[w];
 }
