@@ -198,11 +198,12 @@ class Agent:
         thr = self.settings.train.atom_mass_threshold
         if self.net.fused(out.probs):
             from .gpu import kernels as K
+            from .gpu.qkernels import q_stats_record
 
             xp = self.xp
             qc, qr = xp.ascontiguousarray(q.q_coord), xp.ascontiguousarray(q.q_raw)
             res = K.q_stats_reduce(qc, qr, xp.ascontiguousarray(out.probs), self.offsets, thr)
-            return K.q_stats_record(res, self.num_branches)
+            return q_stats_record(res, self.num_branches)
         return q_statistics(q, out.probs, self.offsets, thr)
 
     def sync_target(self) -> None:
