@@ -101,3 +101,30 @@ def test_cuda_without_gpu_is_a_clear_error(trained, tmp_path):
     res = foxhunt("train", "--flags", flags, "--out", tmp_path / "r", "--device", "cuda", check=False)
     assert res.returncode == 2 and "cuda" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_eval_on_an_ohlcv_bar_file(trained, tmp_path):
+    """`foxhunt eval --data` evaluates the trained policy on a user's bar file (its last split)."""
+    import numpy as np
+
+    _, out, _ = trained
+    rng = np.random.default_rng(0)
+    n = 3000
+    close = 100 * np.exp(np.cumsum(rng.normal(0, 5e-4, n)))
+    open_ = np.concatenate([[close[0]], close[:-1]])
+    high = np.maximum(open_, close) * (1 + np.abs(rng.normal(0, 2e-4, n)))
+    low = np.minimum(open_, close) * (1 - np.abs(rng.normal(0, 2e-4, n)))
+    ts = np.arange(n) * 60 + 1_700_000_000
+    lines = ["timestamp,open,high,low,close,volume"] + [
+        f"{t},{o:.4f},{h:.4f},{lo:.4f},{c:.4f},{v}"
+        for t, o, h, lo, c, v in zip(ts, open_, high, low, close, rng.integers(100, 1000, n))
+    ]
+    bars = tmp_path / "bars.csv"
+    bars.write_text("\n".join(lines) + "\n")
+    res = foxhunt("eval", out, "--data", bars)
+    assert "buy_and_hold" in res.stdout and "bars" in res.stdout
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp,open,high,low,close\n1,1,1,1,1\n")
+    res = foxhunt("eval", out, "--data", bad, check=False)
+    assert res.returncode == 2 and str(bad) in res.stderr and "volume" in res.stderr
+    assert "Traceback" not in res.stderr
