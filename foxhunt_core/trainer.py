@@ -8,9 +8,19 @@ A run directory holds::
     log.jsonl         structlog JSON event log
     eval.json         evaluation table on the held-out (test) split (atomic)
 
-Randomness comes from four generators spawned from the run seed (initialisation, environment,
-replay sampling, exploration); all their states are in the checkpoint, so a run trained in
-pieces with ``resume`` ends with exactly the parameters of an uninterrupted run.
+Collection runs on the CPU environment (:class:`~foxhunt_core.collector.HostCollector`) or, on
+a GPU, entirely on the device (:class:`~foxhunt_core.collector.DeviceCollector`); on a GPU the
+update is a CUDA-graph replay (:mod:`foxhunt_core.graphs`) on the same stream.
+
+Randomness on the CPU comes from four generators spawned from the run seed (initialisation,
+environment, replay sampling, exploration); all their states are in the checkpoint, so a run
+trained in pieces with ``resume`` ends with exactly the parameters of an uninterrupted run
+(``tests/test_trainer.py``). On the GPU the draws come from Philox streams whose counters are
+checkpointed likewise.
+
+Exploration temperatures ``tau_t * liquid_mod[d]`` and ``iqn_readiness`` are pushed to the
+collector once per stats interval (on the GPU they are device scalars read by the captured step),
+so ``tau_t``'s linear annealing proceeds in steps of ``stats_every`` updates.
 """
 
 from __future__ import annotations
