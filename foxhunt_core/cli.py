@@ -205,6 +205,10 @@ def _register_admin() -> None:
     app.add_typer(flags_app, name="flags")
     app.add_typer(plugins_app, name="plugins")
 
+    from foxhunt_ops.cli import rollout_app  # ops/foxhunt_ops, installed with foxhunt-core
+
+    app.add_typer(rollout_app, name="rollout")
+
 
 _register_admin()
 
