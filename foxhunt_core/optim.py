@@ -94,13 +94,18 @@ class Adam:
                 if g is None:
                     continue
                 g = g * scale
-                m, v = self.m[owner][name], self.v[owner][name]
-                m *= self.b1
-                m += (1.0 - self.b1) * g
-                v *= self.b2
-                v += (1.0 - self.b2) * (g * g)
+                m, v = self._moments(owner, name, g)
                 p -= (self.lr / c1) * m / (np.sqrt(v / c2) + self.eps)
         return norm
+
+    def _moments(self, owner: str, name: str, g: Any) -> tuple[Any, Any]:
+        """Update the first and second moments of one tensor in place; returns them."""
+        m, v = self.m[owner][name], self.v[owner][name]
+        m *= self.b1
+        m += (1.0 - self.b1) * g
+        v *= self.b2
+        v += (1.0 - self.b2) * (g * g)
+        return m, v
 
     def _step_device(self, params: Tree, grads: Tree) -> Any:
         xp = self.xp
@@ -126,11 +131,7 @@ class Adam:
                 if g is None:
                     continue
                 g = g * scale
-                m, v = self.m[owner][name], self.v[owner][name]
-                m *= self.b1
-                m += (1.0 - self.b1) * g
-                v *= self.b2
-                v += (1.0 - self.b2) * (g * g)
+                m, v = self._moments(owner, name, g)
                 p -= step * m / (xp.sqrt(v / c2) + self.eps)
         return norm
 

@@ -71,6 +71,8 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
     includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', src, flags=re.M)
     missing = [h for h in includes if not (cu.parent / h).is_file()]
     assert not missing, f"{_rel(cu)} includes headers that are not beside it: {missing}"
-    for name, value in re.findall(r"#ifndef (\w+)\s*\n\s*#define \1 ([^\n]+)", src):
-        if name in DEFAULT_DEFINES:
-            assert value.replace(" ", "") == DEFAULT_DEFINES[name], f"{_rel(cu)}: default of {name}"
+    texts = [src] + [(cu.parent / h).read_text() for h in includes]
+    for text in texts:
+        for name, value in re.findall(r"#ifndef (\w+)\s*\n\s*#define \1 ([^\n]+)", text):
+            if name in DEFAULT_DEFINES:
+                assert value.replace(" ", "") == DEFAULT_DEFINES[name], f"{_rel(cu)}: default of {name}"

@@ -20,9 +20,7 @@
 // over its samples (grid-stride over groups). attention_grad_reduce adds the per-block rows
 // (in a fixed order) and attention_grad_assemble forms the four gradients.
 
-#ifndef NUM_ACTIONS
-#define NUM_ACTIONS 12
-#endif
+#include "sizes.cuh"
 #ifndef ATTN_DIM
 #define ATTN_DIM 8
 #endif

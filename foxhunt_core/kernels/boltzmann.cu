@@ -13,18 +13,7 @@
 // word w of group g is branch d = 4 g + w. Uniform in [0, 1): (x >> 8) * 2^-24 (exact in
 // float). Thread mapping: one thread per sample, looping over the branches.
 
-#ifndef NUM_ACTIONS
-#define NUM_ACTIONS 12
-#endif
-#ifndef NUM_BRANCHES
-#define NUM_BRANCHES 4
-#endif
-#ifndef BRANCH_OFFSETS
-#define BRANCH_OFFSETS {0, 3, 6, 9, 12}
-#endif
-#ifndef MAX_BRANCH_SIZE
-#define MAX_BRANCH_SIZE 3
-#endif
+#include "sizes.cuh"
 
 #include "philox.cuh"
 

@@ -15,9 +15,7 @@
 // atoms j with |b_j - i| < 1 are one contiguous run: each target atom finds the start of its run
 // by binary search and sums only the run (the terms it skips are exactly zero).
 
-#ifndef NUM_ATOMS
-#define NUM_ATOMS 51
-#endif
+#include "sizes.cuh"
 
 #define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
 #define C51_WARPS 8   // warps per block: the wrapper launches 256 threads

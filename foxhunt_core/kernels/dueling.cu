@@ -15,21 +15,7 @@
 // Thread mapping: one warp per (sample, branch) in the forward, one warp per sample in the
 // backward (the value-head gradient sums over every branch). Lane l holds atoms l, l + 32, ...
 
-#ifndef NUM_ATOMS
-#define NUM_ATOMS 51
-#endif
-#ifndef NUM_ACTIONS
-#define NUM_ACTIONS 12
-#endif
-#ifndef NUM_BRANCHES
-#define NUM_BRANCHES 4
-#endif
-#ifndef BRANCH_OFFSETS
-#define BRANCH_OFFSETS {0, 3, 6, 9, 12}
-#endif
-#ifndef MAX_BRANCH_SIZE
-#define MAX_BRANCH_SIZE 3
-#endif
+#include "sizes.cuh"
 
 #define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
 #define FULL_MASK 0xffffffffu

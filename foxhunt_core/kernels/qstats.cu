@@ -16,18 +16,7 @@
 // thread per sample; the atom work (entropy, utilization over N atoms) is one warp per QS_ROWS
 // (b, a) rows, lane l holding atoms l, l + 32, ... Both loops are grid-stride over the same block.
 
-#ifndef NUM_ATOMS
-#define NUM_ATOMS 51
-#endif
-#ifndef NUM_ACTIONS
-#define NUM_ACTIONS 12
-#endif
-#ifndef NUM_BRANCHES
-#define NUM_BRANCHES 4
-#endif
-#ifndef BRANCH_OFFSETS
-#define BRANCH_OFFSETS {0, 3, 6, 9, 12}
-#endif
+#include "sizes.cuh"
 
 #define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
 #define Q_P (7 + 2 * NUM_BRANCHES)
