@@ -14,23 +14,22 @@ import statistics
 
 os.environ.setdefault("CUPY_TF32", "1")
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_update import time_cuda  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
+    """Median ms of ``fn`` (one warm-up call first)."""
     import cupy as cp
 
     fn()
     cp.cuda.Device().synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(cp.cuda.get_elapsed_time(a, b))
-    return statistics.median(out)
+    return statistics.median(time_cuda(fn, repeats, cp.cuda.Device().synchronize))
 
 
 def main() -> int:

@@ -85,18 +85,21 @@ class Adam:
         if self.clip_norm is not None and norm > self.clip_norm:
             scale = self.clip_norm / (norm + 1e-12)
         self.t += 1
-        c1 = 1.0 - self.b1**self.t
-        c2 = 1.0 - self.b2**self.t
+        self._apply(params, grads, scale, self.lr / (1.0 - self.b1**self.t), 1.0 - self.b2**self.t)
+        return norm
+
+    def _apply(self, params: Tree, grads: Tree, scale: Any, step: Any, c2: Any) -> None:
+        """``p -= step * m / (sqrt(v / c2) + eps)`` for every tensor with a gradient, after the
+        moments take ``g * scale``; ``step = lr / (1 - b1^t)``, ``c2 = 1 - b2^t`` (host numbers
+        on the CPU, device scalars on the GPU)."""
         for owner, sub in params.items():
             gsub = grads.get(owner, {})
             for name, p in sub.items():
                 g = gsub.get(name)
                 if g is None:
                     continue
-                g = g * scale
-                m, v = self._moments(owner, name, g)
-                p -= (self.lr / c1) * m / (np.sqrt(v / c2) + self.eps)
-        return norm
+                m, v = self._moments(owner, name, g * scale)
+                p -= step * m / (_xp(p).sqrt(v / c2) + self.eps)
 
     def _moments(self, owner: str, name: str, g: Any) -> tuple[Any, Any]:
         """Update the first and second moments of one tensor in place; returns them."""
@@ -124,15 +127,7 @@ class Adam:
         self.t_dev += 1.0
         step = (self.lr / (1.0 - self.b1**self.t_dev)).astype(xp.float32)
         c2 = (1.0 - self.b2**self.t_dev).astype(xp.float32)
-        for owner, sub in params.items():
-            gsub = grads.get(owner, {})
-            for name, p in sub.items():
-                g = gsub.get(name)
-                if g is None:
-                    continue
-                g = g * scale
-                m, v = self._moments(owner, name, g)
-                p -= step * m / (xp.sqrt(v / c2) + self.eps)
+        self._apply(params, grads, scale, step, c2)
         return norm
 
     def _step_flat(self, grads: Tree) -> Any:
