@@ -113,7 +113,7 @@ class Agent:
     def act_values(self, obs: Array, iqn_readiness: float, params: Tree | None = None) -> Array:
         """Selection values [B, A] for observations [B, S] (no caches kept)."""
         params = self.online if params is None else params
-        out = self.net.forward(params, obs)
+        out = self.net.forward(params, obs, outputs=("probs", "q", "var"))
         q = self._qpipe(params, out)
         return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness)
 
@@ -136,6 +136,17 @@ class Agent:
         disc = (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
         return p_next, disc
 
+    def _bootstrap_fused(self, batch: dict[str, Array]) -> tuple[Array, Array, Array]:
+        """:meth:`bootstrap` on the fused GPU path, without the gather: the target network's
+        probabilities of every action [B, A, N] (nothing else is written), the absolute index of
+        each branch's bootstrap action [B, D] and the discounts; the loss kernel reads the rows."""
+        nxt = batch["next_obs"]
+        sel = self._qpipe(self.online, self.net.forward(self.online, nxt, outputs=("q", "var")))
+        a_star = branch_argmax(sel.q_coord, self.offsets) + self.branch_base
+        tgt_probs = self.net.forward(self.target, nxt, outputs=("probs",)).probs
+        disc = (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
+        return tgt_probs, a_star, disc
+
     def targets(self, batch: dict[str, Array]) -> Array:
         """Projected C51 targets [B, num_branches, N] for a batch."""
         xp = self.xp
@@ -157,31 +168,39 @@ class Agent:
         B = obs.shape[0]
         out = self.net.forward(self.online, obs, keep_cache=True)
         idx = act + self.branch_base  # taken action per branch, [B, D]
-        logp = xp.take_along_axis(out.log_probs, idx[:, :, None], axis=1)  # [B, D, N]
         D = idx.shape[1]
-        if self.net.fused(obs):  # projection, loss and gradient in one kernel
+        if self.net.fused(obs):
+            # Bootstrap, projection, loss and its gradient over all actions: the gathers of the
+            # chosen rows and the scatter of the gradient happen inside the loss kernel.
             from .gpu import kernels as K
 
-            p_next, disc = self.bootstrap(batch)
+            tgt_probs, a_star, disc = self._bootstrap_fused(batch)
             coeff = entropy_coeff if hasattr(entropy_coeff, "shape") else float(entropy_coeff)
-            m, dl, loss, ent = K.c51_target_loss(
-                xp.ascontiguousarray(p_next), batch["reward"], disc, xp.ascontiguousarray(logp), self.z, coeff
-            )
+            m, dlogits, loss, ent = K.c51_target_loss(
+                tgt_probs, batch["reward"], disc, out.log_probs, self.z, coeff,
+                next_action=a_star, action=idx, offsets=self.offsets, dlogits_full=True)
+            grads = self.net.backward(self.online, out, dlogits, grads_into=self.opt.grad_slots())
         else:
+            logp = xp.take_along_axis(out.log_probs, idx[:, :, None], axis=1)  # [B, D, N]
             m = self.targets(batch)
             loss, dl, ent = c51.loss_and_grad(logp, m, entropy_coeff)
-            dl = dl / (B * D)
-        dlogits = xp.zeros_like(out.log_probs)
-        xp.put_along_axis(dlogits, idx[:, :, None], dl, axis=1)
-        grads = self.net.backward(self.online, out, dlogits)
+            dlogits = xp.zeros_like(out.log_probs)
+            xp.put_along_axis(dlogits, idx[:, :, None], dl / (B * D), axis=1)
+            grads = self.net.backward(self.online, out, dlogits)
 
         q = self._qpipe(self.online, out, keep_cache=True)
         y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
-        qc_taken = xp.take_along_axis(q.q_coord, idx, axis=1)
-        err = qc_taken - y
-        aux = t.aux_weight * (err * err).mean()
-        dq = xp.zeros_like(q.q_coord)
-        xp.put_along_axis(dq, idx, 2.0 * t.aux_weight * err / (B * D), axis=1)
+        if self.net.fused(obs):
+            from .gpu import kernels as K
+
+            err = K.gather_actions(xp.ascontiguousarray(q.q_coord), idx, self.offsets) - y
+            aux = t.aux_weight * (err * err).mean()
+            dq = K.scatter_actions(xp.ascontiguousarray(2.0 * t.aux_weight / (B * D) * err), idx, self.offsets)
+        else:
+            err = xp.take_along_axis(q.q_coord, idx, axis=1) - y
+            aux = t.aux_weight * (err * err).mean()
+            dq = xp.zeros_like(q.q_coord)
+            xp.put_along_axis(dq, idx, 2.0 * t.aux_weight * err / (B * D), axis=1)
         grads = merge_grads(grads, self.qpipe.backward(self.online, q, dq))
         scalars = {"loss": loss.mean(), "aux_loss": aux, "entropy": ent.mean()}
         return grads, scalars, out, q

@@ -71,6 +71,11 @@ class Adam:
         self.workspace = adam_workspace()
         self.scalars = self.xp.zeros(4, dtype=self.xp.float32)
 
+    def grad_slots(self) -> Tree | None:
+        """Views of the flat gradient buffer (fused GPU update) that a backward may write its
+        gradients into, sparing the copy in :meth:`step`; None on the per-tensor path."""
+        return self.gflat.tree if self.flat is not None else None
+
     def step(self, params: Tree, grads: Tree) -> Any:
         """Apply one update in place; returns the gradient norm before clipping.
 
@@ -137,8 +142,8 @@ class Adam:
             g = grads.get(owner, {}).get(name)
             if g is None:
                 view.fill(0)
-            else:
-                view[...] = g
+            elif g.data.ptr != view.data.ptr or g.strides != view.strides:
+                view[...] = g  # gradients written into grad_slots() are in place already
         self.t += 1
         adam_step(self.flat.buffer, self.gflat.buffer, self.mflat.buffer, self.vflat.buffer, self.t_dev,
                   self.lr, self.b1, self.b2, self.eps, self.clip_norm, scalars=self.scalars,

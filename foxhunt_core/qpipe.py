@@ -61,8 +61,8 @@ class QPipeline:
         q_raw: Array | None = None, q_var: Array | None = None,
     ) -> QOut:
         """Run the pipeline; ``q_raw``/``q_var`` may be passed when the network already formed them."""
-        xp = _xp(probs)
-        if q_raw is None or q_var is None:
+        xp = _xp(probs if q_raw is None else q_raw)
+        if q_raw is None or (q_var is None and probs is not None):
             q_raw, q_var = expected_q(probs, z)
         q = q_raw
         for st in self.pre:

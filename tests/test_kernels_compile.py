@@ -28,7 +28,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 SIZE_GENERIC = ("adam", "attention", "boltzmann", "c51_loss", "dueling", "elementwise", "qstats")
 OTHER_DEFINES = {
     "NUM_ATOMS": "21", "NUM_ACTIONS": "7", "NUM_BRANCHES": "3", "BRANCH_OFFSETS": "{0,2,5,7}",
-    "MAX_BRANCH_SIZE": "3", "ATTN_DIM": "16",
+    "MAX_BRANCH_SIZE": "3", "BRANCH_OF_ACTION": "{0,0,1,1,1,2,2}", "ATTN_DIM": "16",
 }
 
 

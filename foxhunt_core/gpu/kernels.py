@@ -75,11 +75,13 @@ __all__ = [
     "dueling_softmax_forward",
     "expected_q_backward",
     "glu_backward",
+    "gather_actions",
     "glu_forward",
     "q_stats_keys",
     "q_stats_reduce",
     "q_stats_workspace",
     "relu_backward",
+    "scatter_actions",
     "vsn_backward",
     "vsn_forward",
 ]
@@ -101,11 +103,14 @@ def dueling_softmax_forward(
     offsets: Sequence[int],
     *,
     branches: tuple[int, int] | None = None,
+    v_bias: Array | None = None,
+    adv_bias: Array | None = None,
+    want: Sequence[str] = ("log_probs", "probs", "q", "var"),
     log_probs: Array | None = None,
     probs: Array | None = None,
     q: Array | None = None,
     var: Array | None = None,
-) -> tuple[Array, Array, Array, Array]:
+) -> tuple[Array | None, Array | None, Array, Array | None]:
     """Dueling logits ``v + adv - mean_branch(adv)``, log-softmax over atoms, E[Q] and Var[Q].
 
     Args:
@@ -113,6 +118,8 @@ def dueling_softmax_forward(
         offsets: branch boundaries in the action axis.
         branches: ``(first, end)`` to compute only those branches (the rest of the outputs is
             left untouched), e.g. ``(0, 1)`` for the direction branch the magnitude branch reads.
+        v_bias, adv_bias: [N] and [A, N] biases added to ``v`` and ``adv`` as they are read.
+        want: which outputs to write; ``q`` always. The others not wanted are returned as None.
 
     Returns:
         ``(log_probs [B, A, N], probs [B, A, N], q [B, A], var [B, A])``.
@@ -125,15 +132,22 @@ def dueling_softmax_forward(
     d0, d1 = branches if branches is not None else (0, D)
     if not 0 <= d0 < d1 <= D:
         raise ValueError(f"{k}: branches {branches} outside 0..{D}")
+    unknown = set(want) - {"log_probs", "probs", "q", "var"}
+    if unknown:
+        raise ValueError(f"{k}: unknown outputs {sorted(unknown)} in want")
     check_array(k, "v", v, F32, (B, N))
     check_array(k, "z", z, F32, (N,))
-    log_probs = output(k, "log_probs", log_probs, (B, A, N))
-    probs = output(k, "probs", probs, (B, A, N))
+    if v_bias is not None:
+        check_array(k, "v_bias", v_bias, F32, (N,))
+    if adv_bias is not None:
+        check_array(k, "adv_bias", adv_bias, F32, (A, N))
+    log_probs = output(k, "log_probs", log_probs, (B, A, N)) if "log_probs" in want else None
+    probs = output(k, "probs", probs, (B, A, N)) if "probs" in want else None
     q = output(k, "q", q, (B, A))
-    var = output(k, "var", var, (B, A))
+    var = output(k, "var", var, (B, A)) if "var" in want else None
     fn = _kernel("dueling.cu", k, branch_defines(offs, N))
     grid = blocks_for(B * (d1 - d0), WARPS)
-    fn((grid,), (THREADS,), (v, adv, z, log_probs, probs, q, var, i32(B), i32(d0), i32(d1)))
+    fn((grid,), (THREADS,), (v, adv, v_bias, adv_bias, z, log_probs, probs, q, var, i32(B), i32(d0), i32(d1)))
     return log_probs, probs, q, var
 
 
@@ -142,6 +156,8 @@ def dueling_backward(
     z: Array,
     offsets: Sequence[int],
     *,
+    branches: tuple[int, int] | None = None,
+    accumulate_dv: bool = False,
     dq: Array | None = None,
     probs: Array | None = None,
     q: Array | None = None,
@@ -152,12 +168,17 @@ def dueling_backward(
 
     With ``dq`` [B, A] (and the forward's ``probs``, ``q``) the expected-Q gradient
     ``dq * p * (z - q)`` is added to ``dlogits`` first — the magnitude branch's conditioning on the
-    direction branch's Q (pass zeros outside the direction branch).
+    direction branch's Q (pass zeros outside the direction branch). ``branches=(first, end)``
+    reads and writes only those branches; ``accumulate_dv`` adds their share to ``dv``.
     """
     k = "dueling_backward"
     check_array(k, "dlogits", dlogits, F32, (None, None, None))
     B, A, N = dlogits.shape
     offs = validate_offsets(k, offsets, A)
+    D = len(offs) - 1
+    d0, d1 = branches if branches is not None else (0, D)
+    if not 0 <= d0 < d1 <= D:
+        raise ValueError(f"{k}: branches {branches} outside 0..{D}")
     check_array(k, "z", z, F32, (N,))
     if dq is not None:
         if probs is None or q is None:
@@ -165,11 +186,51 @@ def dueling_backward(
         check_array(k, "dq", dq, F32, (B, A))
         check_array(k, "probs", probs, F32, (B, A, N))
         check_array(k, "q", q, F32, (B, A))
+    if accumulate_dv and dv is None:
+        raise ValueError(f"{k}: accumulate_dv needs dv")
     dv = output(k, "dv", dv, (B, N))
     dadv = output(k, "dadv", dadv, (B, A, N))
     fn = _kernel("dueling.cu", k, branch_defines(offs, N))
-    fn((blocks_for(B, WARPS),), (THREADS,), (dlogits, dq, probs, q, z, dv, dadv, i32(B)))
+    fn((blocks_for(B, WARPS),), (THREADS,),
+       (dlogits, dq, probs, q, z, dv, dadv, i32(B), i32(d0), i32(d1), i32(int(accumulate_dv))))
     return dv, dadv
+
+
+def gather_actions(x: Array, action: Array, offsets: Sequence[int], *, out: Array | None = None) -> Array:
+    """``out[b, d] = x[b, action[b, d]]`` for ``x`` [B, A] or [B, A, N] and absolute action
+    indices ``action`` [B, D] (int64): the rows of the chosen action of every branch."""
+    k = "gather_actions"
+    return _action_rows(k, x, action, offsets, out, gather=True)
+
+
+def scatter_actions(vals: Array, action: Array, offsets: Sequence[int], *, out: Array | None = None) -> Array:
+    """The inverse of :func:`gather_actions`: ``out`` [B, A(, N)] holds ``vals[b, d]`` at
+    ``action[b, d]`` and zeros at every other action (written in one pass, no memset)."""
+    k = "scatter_actions"
+    return _action_rows(k, vals, action, offsets, out, gather=False)
+
+
+def _action_rows(k: str, src: Array, action: Array, offsets: Sequence[int], out: Array | None,
+                 gather: bool) -> Array:
+    if src.ndim not in (2, 3):
+        raise ValueError(f"{k}: expected a 2-D or 3-D array, got shape {src.shape}")
+    check_array(k, "x" if gather else "vals", src, F32, (None,) * src.ndim)
+    check_array(k, "action", action, np.int64, (src.shape[0], None))
+    B, D = action.shape
+    width = src.shape[2] if src.ndim == 3 else 1
+    A = src.shape[1] if gather else int(offsets[-1])
+    offs = validate_offsets(k, offsets, A)
+    if len(offs) - 1 != D:
+        raise ValueError(f"{k}: action has {D} branches, offsets {offs} have {len(offs) - 1}")
+    if not gather and src.shape[1] != D:
+        raise ValueError(f"{k}: vals has {src.shape[1]} rows per sample, expected {D}")
+    rows = D if gather else A
+    shape = (B, rows) + ((width,) if src.ndim == 3 else ())
+    out = output(k, "out", out, shape)
+    total = B * rows * width
+    fn = _kernel("dueling.cu", k, branch_defines(offs))
+    fn((_elementwise_grid(total),), (THREADS,), (src, action, out, i64(total), i32(width)))
+    return out
 
 
 def expected_q_backward(
@@ -201,6 +262,10 @@ def c51_target_loss(
     entropy_coeff: float | Array,
     *,
     grad_scale: float | None = None,
+    next_action: Array | None = None,
+    action: Array | None = None,
+    offsets: Sequence[int] | None = None,
+    dlogits_full: bool = False,
     m: Array | None = None,
     dlogits: Array | None = None,
     loss: Array | None = None,
@@ -209,27 +274,59 @@ def c51_target_loss(
     """C51 target projection (Eq. 7) and the loss ``CE(m, p) - entropy_coeff H(p)`` per (b, d).
 
     Args:
-        p_next: [B, D, N] target distribution of each branch's bootstrap action.
+        p_next: [B, D, N] target distribution of each branch's bootstrap action; or, with
+            ``next_action`` [B, D] (absolute action indices, int64), the target network's whole
+            [B, A, N] output, read at those actions.
         reward, discount: [B]; ``discount = gamma (1 - terminal)``.
-        log_probs_taken: [B, D, N] online log-probabilities of the taken actions.
+        log_probs_taken: [B, D, N] online log-probabilities of the taken actions; or, with
+            ``action`` [B, D], the whole [B, A, N] online output read at those actions.
         entropy_coeff: a float, or a float32 device array of one element that the kernel reads
             when it runs (so a captured graph picks up a coefficient changed between replays).
         grad_scale: multiplies the gradient; default ``1 / (B D)`` (the mean over samples and branches).
+        offsets, dlogits_full: with ``action`` and ``offsets``, ``dlogits_full=True`` writes the
+            gradient as [B, A, N] over every action (zeros off the taken ones).
 
     Returns:
-        ``(m [B, D, N], dlogits_taken [B, D, N], loss [B, D], entropy [B, D])``; the loss and the
-        entropy are not scaled.
+        ``(m [B, D, N], dlogits [B, D, N] or [B, A, N], loss [B, D], entropy [B, D])``; the loss
+        and the entropy are not scaled.
     """
     k = "c51_target_loss"
-    check_array(k, "p_next", p_next, F32, (None, None, None))
-    B, D, N = p_next.shape
-    check_array(k, "reward", reward, F32, (B,))
+    check_array(k, "reward", reward, F32, (None,))
+    B = reward.shape[0]
+    D = None
+    for name, idx in (("next_action", next_action), ("action", action)):
+        if idx is not None:
+            check_array(k, name, idx, np.int64, (B, None))
+            D = idx.shape[1]
+    check_array(k, "p_next", p_next, F32, (B, None, None))
+    N = p_next.shape[2]
+    A = None
+    if next_action is not None:
+        A = p_next.shape[1]
+    else:
+        D = p_next.shape[1]
+    if action is not None:
+        check_array(k, "log_probs_taken", log_probs_taken, F32, (B, None, N))
+        A = log_probs_taken.shape[1] if A is None else A
+        check_array(k, "log_probs_taken", log_probs_taken, F32, (B, A, N))
+        check_array(k, "action", action, np.int64, (B, D))
+    else:
+        check_array(k, "log_probs_taken", log_probs_taken, F32, (B, D, N))
+    if next_action is not None:
+        check_array(k, "next_action", next_action, np.int64, (B, D))
     check_array(k, "discount", discount, F32, (B,))
-    check_array(k, "log_probs_taken", log_probs_taken, F32, (B, D, N))
     check_array(k, "z", z, F32, (N,))
+    defines: dict[str, str] = {"NUM_ATOMS": str(N)}
+    if dlogits_full:
+        if action is None or offsets is None:
+            raise ValueError(f"{k}: dlogits_full needs action and offsets")
+        offs = validate_offsets(k, offsets, A)
+        if len(offs) - 1 != D:
+            raise ValueError(f"{k}: action has {D} branches, offsets {offs} have {len(offs) - 1}")
+        defines = branch_defines(offs, N)
     scale = 1.0 / (B * D) if grad_scale is None else float(grad_scale)
     m = output(k, "m", m, (B, D, N))
-    dlogits = output(k, "dlogits", dlogits, (B, D, N))
+    dlogits = output(k, "dlogits", dlogits, (B, A, N) if dlogits_full else (B, D, N))
     loss = output(k, "loss", loss, (B, D))
     entropy = output(k, "entropy", entropy, (B, D))
     if isinstance(entropy_coeff, (int, float, np.floating)):
@@ -239,19 +336,24 @@ def c51_target_loss(
     else:
         coeff = entropy_coeff.reshape(1) if entropy_coeff.ndim == 0 else entropy_coeff
         check_array(k, "entropy_coeff", coeff, F32, (1,))
-    fn = _kernel("c51_loss.cu", k, {"NUM_ATOMS": N})
+    fn = _kernel("c51_loss.cu", k, defines)
     fn(
         (blocks_for(B * D, WARPS),),
         (THREADS,),
-        (p_next, reward, discount, log_probs_taken, z, coeff, f32(scale),
-         m, dlogits, loss, entropy, i32(B), i32(D)),
+        (p_next, next_action, reward, discount, log_probs_taken, action, z, coeff, f32(scale),
+         m, dlogits, loss, entropy, i32(B), i32(D), i32(A or 0), i32(int(dlogits_full))),
     )
     return m, dlogits, loss, entropy
 
 
 # ------------------------------------------------------------------ elementwise.cu
+MAX_ELEMENTWISE = 1 << 30  # elementwise.cu indexes with 32-bit integers
+
+
 def _matrix(k: str, name: str, a: Array) -> tuple[int, int]:
     check_array(k, name, a, F32, (None, None))
+    if a.size >= MAX_ELEMENTWISE:
+        raise ValueError(f"{k}: {name} has {a.size} elements; the elementwise kernels take fewer than 2^30")
     return a.shape
 
 
@@ -261,13 +363,20 @@ def glu_forward(
     *,
     gate_bias: Array | None = None,
     val_bias: Array | None = None,
+    x_extra: Array | None = None,
+    w_extra_gate: Array | None = None,
+    w_extra_val: Array | None = None,
+    keep: bool = True,
     gate: Array | None = None,
     h: Array | None = None,
-) -> tuple[Array, Array]:
-    """GLU: ``gate = sigmoid(pre_gate + gate_bias)``, ``h = gate * (val + val_bias)``.
+) -> tuple[Array | None, Array]:
+    """GLU: ``gate = sigmoid(pre_gate + gate_bias + x_extra w_extra_gate)``,
+    ``h = gate * (val + val_bias + x_extra w_extra_val)``.
 
-    ``pre_gate``/``val`` [B, H] are the GEMM outputs ``u W_gate``/``u W_val``. With ``val_bias``
-    the biased value is written back into ``val`` (the backward needs it). Returns ``(gate, h)``.
+    ``pre_gate``/``val`` [B, H] are the GEMM outputs ``z W_gate``/``z W_val``; ``x_extra`` [B, E]
+    are further input columns (their weights [E, H]). With ``keep`` the full value
+    pre-activation is written back into ``val`` and the gate returned (the backward needs both);
+    without, only ``h`` is written and the gate is None. Returns ``(gate, h)``.
     """
     k = "glu_forward"
     B, H = _matrix(k, "pre_gate", pre_gate)
@@ -275,12 +384,23 @@ def glu_forward(
     for name, b in (("gate_bias", gate_bias), ("val_bias", val_bias)):
         if b is not None:
             check_array(k, name, b, F32, (H,))
-    gate = output(k, "gate", gate, (B, H))
+    E = 0
+    if x_extra is not None:
+        E = _matrix(k, "x_extra", x_extra)[1]
+        check_array(k, "x_extra", x_extra, F32, (B, E))
+        if w_extra_gate is None or w_extra_val is None:
+            raise ValueError(f"{k}: x_extra needs w_extra_gate and w_extra_val")
+        check_array(k, "w_extra_gate", w_extra_gate, F32, (E, H))
+        check_array(k, "w_extra_val", w_extra_val, F32, (E, H))
+        if E == 0:
+            x_extra = w_extra_gate = w_extra_val = None
+    gate = output(k, "gate", gate, (B, H)) if keep else None
     h = output(k, "h", h, (B, H))
     total = B * H
     _kernel("elementwise.cu", k)(
         (_elementwise_grid(total),), (THREADS,),
-        (pre_gate, val, gate_bias, val_bias, gate, h, i64(total), i32(H)),
+        (pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, i32(E), i32(int(keep)),
+         gate, h, i64(total), i32(H)),
     )
     return gate, h
 

@@ -25,6 +25,7 @@ DEFAULT_DEFINES: dict[str, str] = {
     "NUM_BRANCHES": "4",
     "BRANCH_OFFSETS": "{0,3,6,9,12}",
     "MAX_BRANCH_SIZE": "3",
+    "BRANCH_OF_ACTION": "{0,0,0,1,1,1,2,2,2,3,3,3}",
     "ATTN_DIM": "8",
 }
 
@@ -79,6 +80,7 @@ def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None) -> di
         "NUM_BRANCHES": str(len(sizes)),
         "BRANCH_OFFSETS": "{" + ",".join(str(o) for o in offsets) + "}",
         "MAX_BRANCH_SIZE": str(max(sizes)),
+        "BRANCH_OF_ACTION": "{" + ",".join(str(d) for d, n in enumerate(sizes) for _ in range(n)) + "}",
     }
     if num_atoms is not None:
         defs["NUM_ATOMS"] = str(int(num_atoms))

@@ -27,8 +27,14 @@ def _branch_mean(x: Array, offsets: Sequence[int]) -> Array:
     return out
 
 
-def dueling_softmax_forward(v: Array, adv: Array, z: Array, offsets: Sequence[int]) -> tuple[Array, ...]:
-    """``(log_probs, probs, q, var)`` of the dueling logits ``v + adv - mean_branch adv``."""
+def dueling_softmax_forward(v: Array, adv: Array, z: Array, offsets: Sequence[int],
+                            v_bias: Array | None = None, adv_bias: Array | None = None) -> tuple[Array, ...]:
+    """``(log_probs, probs, q, var)`` of the dueling logits ``v + adv - mean_branch adv``
+    (with the value and advantage biases added first when given)."""
+    if v_bias is not None:
+        v = v + v_bias
+    if adv_bias is not None:
+        adv = adv + adv_bias
     logits = v[:, None, :] + adv - _branch_mean(adv, offsets)
     log_probs = L.log_softmax(logits)
     probs = np.exp(log_probs)
@@ -48,10 +54,31 @@ def dueling_backward(
     probs: Array | None = None,
     q: Array | None = None,
     z: Array | None = None,
+    branches: tuple[int, int] | None = None,
 ) -> tuple[Array, Array]:
-    """``(dv, dadv)`` of the dueling aggregation, with the optional expected-Q term added first."""
+    """``(dv, dadv)`` of the dueling aggregation, with the optional expected-Q term added first.
+    With ``branches=(first, end)``: ``dv`` sums only those branches and ``dadv`` is returned for
+    their actions only ([B, o_end - o_first, N])."""
     dl = dlogits if dq is None else dlogits + expected_q_backward(dq, probs, q, z)
-    return dl.sum(axis=1), dl - _branch_mean(dl, offsets)
+    dadv = dl - _branch_mean(dl, offsets)
+    if branches is None:
+        return dl.sum(axis=1), dadv
+    a0, a1 = offsets[branches[0]], offsets[branches[1]]
+    return dl[:, a0:a1].sum(axis=1), dadv[:, a0:a1]
+
+
+def gather_actions(x: Array, action: Array) -> Array:
+    """``x[b, action[b, d]]``: [B, D] or [B, D, N]."""
+    idx = action if x.ndim == 2 else action[:, :, None]
+    return np.take_along_axis(x, idx, axis=1)
+
+
+def scatter_actions(vals: Array, action: Array, num_actions: int) -> Array:
+    """Zeros [B, A(, N)] with ``vals[b, d]`` at ``action[b, d]``."""
+    out = np.zeros((vals.shape[0], num_actions) + vals.shape[2:], dtype=vals.dtype)
+    idx = action if vals.ndim == 2 else action[:, :, None]
+    np.put_along_axis(out, idx, vals, axis=1)
+    return out
 
 
 def c51_target_loss(
@@ -72,10 +99,14 @@ def c51_target_loss(
 
 
 def glu_forward(pre_gate: Array, val: Array, gate_bias: Array | None = None,
-                val_bias: Array | None = None) -> tuple[Array, Array, Array]:
-    """``(gate, h, biased val)``."""
+                val_bias: Array | None = None, x_extra: Array | None = None,
+                w_extra_gate: Array | None = None, w_extra_val: Array | None = None) -> tuple[Array, Array, Array]:
+    """``(gate, h, full value pre-activation)``; ``x_extra`` [B, E] adds ``x_extra @ w_extra_*``."""
     pre = pre_gate if gate_bias is None else pre_gate + gate_bias
     val = val if val_bias is None else val + val_bias
+    if x_extra is not None:
+        pre = pre + x_extra @ w_extra_gate
+        val = val + x_extra @ w_extra_val
     gate = L.sigmoid(pre)
     return gate, gate * val, val
 

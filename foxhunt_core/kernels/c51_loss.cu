@@ -21,6 +21,9 @@
 #define C51_WARPS 8   // warps per block: the wrapper launches 256 threads
 #define FULL_MASK 0xffffffffu
 
+// Branch boundaries, read only when dlogits_full (the wrapper then compiles with the layout).
+__constant__ int kC51BranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
@@ -29,19 +32,27 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // m = project(p_next, reward, discount); loss = CE(m, p) - beta H(p);
 // dlogits = grad_scale * ((p - m) + beta p (log p + H)), p = exp(log_probs).
+//
+// Indexed form (the update's): with next_action / action given, p_next and log_probs are the
+// whole [B, A, N] outputs of the target and online networks and row (b, d) reads action
+// next_action[b, d] / action[b, d] (absolute indices); without, they are [B, D, N] already
+// gathered. With dlogits_full, the gradient is written over all A actions of [B, A, N]: the
+// taken action's row, zeros for the branch's other actions (no separate scatter).
 extern "C" __global__ void c51_target_loss(
-    const float* __restrict__ p_next,     // [B, D, N] target-network distribution of a*_d at s'
+    const float* __restrict__ p_next,     // [B, D, N], or [B, A, N] with next_action
+    const long long* __restrict__ next_action,  // [B, D] or null
     const float* __restrict__ reward,     // [B]
     const float* __restrict__ discount,   // [B] gamma * (1 - terminal)
-    const float* __restrict__ log_probs,  // [B, D, N] online log-probabilities of the taken a_d
+    const float* __restrict__ log_probs,  // [B, D, N], or [B, A, N] with action
+    const long long* __restrict__ action, // [B, D] or null
     const float* __restrict__ z,          // [N] support
     const float* __restrict__ entropy_coeff_ptr,  // [1] read on the device (graph replays see updates)
     float grad_scale,
     float* __restrict__ m,                // [B, D, N]
-    float* __restrict__ dlogits,          // [B, D, N]
+    float* __restrict__ dlogits,          // [B, D, N], or [B, A, N] when dlogits_full
     float* __restrict__ loss,             // [B, D]
     float* __restrict__ entropy,          // [B, D]
-    int batch, int num_branches)
+    int batch, int num_branches, int num_actions, int dlogits_full)
 {
     __shared__ float s_b[C51_WARPS][NUM_ATOMS];
     __shared__ float s_p[C51_WARPS][NUM_ATOMS];
@@ -59,12 +70,16 @@ extern "C" __global__ void c51_target_loss(
         const float r = reward[b];
         const float g = discount[b];
         const long long base = row * NUM_ATOMS;
+        const long long lp_base = action != nullptr
+            ? (b * num_actions + action[row]) * NUM_ATOMS : base;
+        const long long pn_base = next_action != nullptr
+            ? (b * num_actions + next_action[row]) * NUM_ATOMS : base;
         // Load this lane's log-probabilities now, so that their latency overlaps the projection.
         float lp[ATOMS_PER_LANE];
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int i = lane + 32 * k;
-            lp[k] = i < NUM_ATOMS ? log_probs[base + i] : 0.0f;
+            lp[k] = i < NUM_ATOMS ? log_probs[lp_base + i] : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
@@ -73,7 +88,7 @@ extern "C" __global__ void c51_target_loss(
                 const float tz = fminf(fmaxf(r + g * z[j], v_min), v_max);
                 // Clip the fractional index too: (v_max - v_min) / dz can round a hair above N - 1.
                 s_b[w][j] = fminf(fmaxf((tz - v_min) / dz, 0.0f), (float)(NUM_ATOMS - 1));
-                s_p[w][j] = p_next[base + j];
+                s_p[w][j] = p_next[pn_base + j];
             }
         }
         __syncwarp();
@@ -110,12 +125,22 @@ extern "C" __global__ void c51_target_loss(
         }
         ce = warp_sum(ce);
         ent = warp_sum(ent);
+        long long dl_base = base;
+        if (dlogits_full) {  // zero the branch's other actions; the taken one gets the gradient
+            const int d = (int)(row - b * num_branches);
+            const int a_taken = (int)action[row];
+            dl_base = (b * num_actions + a_taken) * NUM_ATOMS;
+            for (int a = kC51BranchOffsets[d]; a < kC51BranchOffsets[d + 1]; ++a) {
+                if (a == a_taken) continue;
+                for (int i = lane; i < NUM_ATOMS; i += 32) dlogits[(b * num_actions + a) * NUM_ATOMS + i] = 0.0f;
+            }
+        }
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int i = lane + 32 * k;
             if (i < NUM_ATOMS) {
                 m[base + i] = mm[k];
-                dlogits[base + i] =
+                dlogits[dl_base + i] =
                     grad_scale * ((pp[k] - mm[k]) + entropy_coeff * pp[k] * (lp[k] + ent));
             }
         }

@@ -39,14 +39,19 @@ __device__ __forceinline__ float warp_max(float x) {
 // q = sum_j p_j z_j, var = max(sum_j p_j z_j^2 - q^2, 0).
 // Only branches [branch_begin, branch_end) are computed (the magnitude branch reads the
 // direction branch's Q, so the network may run the direction branch first).
+// v_bias / adv_bias (the value head's and the advantage layers' biases) are added as the
+// inputs are read, when given. log_probs, probs and var may be null: a forward that only needs
+// the expected Q (the bootstrap's action choice) skips their writes.
 extern "C" __global__ void dueling_softmax_forward(
     const float* __restrict__ v,          // [B, N]
     const float* __restrict__ adv,        // [B, A, N]
+    const float* __restrict__ v_bias,     // [N] or null
+    const float* __restrict__ adv_bias,   // [A, N] or null
     const float* __restrict__ z,          // [N]
-    float* __restrict__ log_probs,        // [B, A, N]
-    float* __restrict__ probs,            // [B, A, N]
+    float* __restrict__ log_probs,        // [B, A, N] or null
+    float* __restrict__ probs,            // [B, A, N] or null
     float* __restrict__ q,                // [B, A]
-    float* __restrict__ var,              // [B, A]
+    float* __restrict__ var,              // [B, A] or null
     int batch, int branch_begin, int branch_end)
 {
     const int lane = threadIdx.x & 31;
@@ -74,7 +79,7 @@ extern "C" __global__ void dueling_softmax_forward(
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
-            vv[k] = j < NUM_ATOMS ? v[b * NUM_ATOMS + j] : 0.0f;
+            vv[k] = j < NUM_ATOMS ? v[b * NUM_ATOMS + j] + (v_bias != nullptr ? v_bias[j] : 0.0f) : 0.0f;
             mean[k] = 0.0f;
         }
 #pragma unroll
@@ -83,7 +88,9 @@ extern "C" __global__ void dueling_softmax_forward(
             for (int k = 0; k < ATOMS_PER_LANE; ++k) {
                 const int j = lane + 32 * k;
                 const bool ok = i < n && j < NUM_ATOMS;
-                ad[i][k] = ok ? adv[(b * NUM_ACTIONS + a0 + i) * NUM_ATOMS + j] : 0.0f;
+                ad[i][k] = ok ? adv[(b * NUM_ACTIONS + a0 + i) * NUM_ATOMS + j]
+                                    + (adv_bias != nullptr ? adv_bias[(a0 + i) * NUM_ATOMS + j] : 0.0f)
+                              : 0.0f;
                 mean[k] += ad[i][k];
             }
         }
@@ -117,8 +124,8 @@ extern "C" __global__ void dueling_softmax_forward(
                 if (j < NUM_ATOMS) {
                     const float lp = lg[k] - lse;
                     const float p = expf(lp);
-                    log_probs[base + j] = lp;
-                    probs[base + j] = p;
+                    if (log_probs != nullptr) log_probs[base + j] = lp;
+                    if (probs != nullptr) probs[base + j] = p;
                     s1 += p * zz[k];
                     s2 += p * zz[k] * zz[k];
                 }
@@ -127,7 +134,7 @@ extern "C" __global__ void dueling_softmax_forward(
             s2 = warp_sum(s2);
             if (lane == 0) {
                 q[b * NUM_ACTIONS + a0 + i] = s1;
-                var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2 - s1 * s1, 0.0f);
+                if (var != nullptr) var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2 - s1 * s1, 0.0f);
             }
         }
     }
@@ -137,6 +144,9 @@ extern "C" __global__ void dueling_softmax_forward(
 //   dl[b, a, j] = dlogits[b, a, j] + dq[b, a] * p[b, a, j] * (z_j - q[b, a])   (dq may be null)
 //   dv[b, j]    = sum_a dl[b, a, j]
 //   dadv[b, a, j] = dl[b, a, j] - mean_{a' in branch(a)} dl[b, a', j]
+// Only branches [branch_begin, branch_end) are read and written; with accumulate_dv != 0 their
+// share of dv is added to dv instead of overwriting it (the network runs the magnitude branch's
+// backward before the direction branch's dq is known, so it calls this twice).
 extern "C" __global__ void dueling_backward(
     const float* __restrict__ dlogits,    // [B, A, N]
     const float* __restrict__ dq,         // [B, A] or null
@@ -145,7 +155,7 @@ extern "C" __global__ void dueling_backward(
     const float* __restrict__ z,          // [N]
     float* __restrict__ dv,               // [B, N]
     float* __restrict__ dadv,             // [B, A, N]
-    int batch)
+    int batch, int branch_begin, int branch_end, int accumulate_dv)
 {
     const int lane = threadIdx.x & 31;
     const int warps_per_block = blockDim.x >> 5;
@@ -162,7 +172,7 @@ extern "C" __global__ void dueling_backward(
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) acc_v[k] = 0.0f;
 
-        for (int d = 0; d < NUM_BRANCHES; ++d) {
+        for (int d = branch_begin; d < branch_end; ++d) {
             const int a0 = kBranchOffsets[d];
             const int n = kBranchOffsets[d + 1] - a0;
             float dl[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
@@ -208,7 +218,7 @@ extern "C" __global__ void dueling_backward(
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
-            if (j < NUM_ATOMS) dv[b * NUM_ATOMS + j] = acc_v[k];
+            if (j < NUM_ATOMS) dv[b * NUM_ATOMS + j] = accumulate_dv ? dv[b * NUM_ATOMS + j] + acc_v[k] : acc_v[k];
         }
     }
 }
@@ -230,5 +240,45 @@ extern "C" __global__ void expected_q_backward(
         const int j = (int)(i - ba * NUM_ATOMS);
         const float g = dq[ba] * probs[i] * (z[j] - q[ba]);
         out[i] = accumulate ? out[i] + g : g;
+    }
+}
+
+// The rows of the chosen actions, one per branch, and their inverse:
+//   gather_actions:  out[b, d, j] = x[b, action[b, d], j]
+//   scatter_actions: out[b, a, j] = vals[b, d, j] if a == action[b, d] (d = branch of a), else 0
+// `action` holds absolute action indices (branch offset included). A thread per output element;
+// `width` is N (atoms) or 1 (a value per action).
+extern "C" __global__ void gather_actions(
+    const float* __restrict__ x,          // [B, A, width]
+    const long long* __restrict__ action, // [B, D]
+    float* __restrict__ out,              // [B, D, width]
+    long long total, int width)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long bd = i / width;
+        const int j = (int)(i - bd * width);
+        const long long b = bd / NUM_BRANCHES;
+        out[i] = x[(b * NUM_ACTIONS + action[bd]) * width + j];
+    }
+}
+
+__constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
+
+extern "C" __global__ void scatter_actions(
+    const float* __restrict__ vals,       // [B, D, width]
+    const long long* __restrict__ action, // [B, D]
+    float* __restrict__ out,              // [B, A, width]
+    long long total, int width)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long ba = i / width;
+        const int j = (int)(i - ba * width);
+        const long long b = ba / NUM_ACTIONS;
+        const int a = (int)(ba - b * NUM_ACTIONS);
+        const int d = kBranchOfAction[a];
+        const long long bd = b * NUM_BRANCHES + d;
+        out[i] = action[bd] == a ? vals[bd * width + j] : 0.0f;
     }
 }

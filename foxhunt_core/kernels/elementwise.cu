@@ -1,7 +1,7 @@
 // Elementwise layers of the network between its GEMMs: forward and backward.
 //
 // NumPy twins (foxhunt_core/net/layers.py and foxhunt_core/net/network.py):
-//   glu_forward        gate = sigmoid(pre + b_gate), val += b_val, h = gate * val   (GLU of a branch)
+//   glu_forward        gate = sigmoid(pre + b_gate + x_e W_e,g), val += b_val + x_e W_e,v, h = gate * val
 //   glu_backward       dpre = dh * val * gate * (1 - gate), dval = dh * gate
 //   bias_relu_forward  y = relu(x + b)                                               (trunk layers)
 //   relu_backward      dx = (dy + addend) * (y > 0)                                  (addend optional)
@@ -13,32 +13,51 @@
 // row-major [rows, cols] arrays (the bias index is the column). Every output may alias the
 // input it replaces (same index read before written), so all of them can run in place.
 
+// 32-bit indices: the wrappers refuse arrays of 2^30 elements or more, so i + stride cannot
+// overflow, and the column index costs a 32-bit division instead of a 64-bit one.
+#define GRID_STRIDE(i, total) \
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (int)(total); i += gridDim.x * blockDim.x)
+
 __device__ __forceinline__ float stable_sigmoid(float x) {
     // Split by sign so that expf never overflows (as layers.sigmoid does).
     const float e = expf(-fabsf(x));
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
+// x_extra [rows, n_extra] are the branch's input columns beyond the shared features z (the
+// magnitude branch's direction Q, branch-input stages): their rank-n_extra share of the two
+// pre-activations, x_extra W_extra, is added here instead of widening the GEMM's input.
+// With keep == 0 (a forward whose caches are not kept) only h is written.
 extern "C" __global__ void glu_forward(
-    const float* pre_gate,               // [rows, cols]
-    float* val,                          // [rows, cols]; receives val + val_bias when it is given
+    const float* pre_gate,               // [rows, cols]  z W_gate[:H]
+    float* val,                          // [rows, cols]  z W_val[:H]; receives the full pre-activation when keep
     const float* gate_bias,              // [cols] or null
     const float* val_bias,               // [cols] or null
+    const float* x_extra,                // [rows, n_extra] or null
+    const float* w_extra_gate,           // [n_extra, cols]
+    const float* w_extra_val,            // [n_extra, cols]
+    int n_extra, int keep,
     float* gate,                         // [rows, cols]
     float* h,                            // [rows, cols]
     long long total, int cols)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, total) {
         const int c = (int)(i % cols);
-        const float pg = gate_bias != nullptr ? pre_gate[i] + gate_bias[c] : pre_gate[i];
-        float vv = val[i];
-        if (val_bias != nullptr) {
-            vv += val_bias[c];
-            val[i] = vv;  // the backward needs the biased value
+        float pg = gate_bias != nullptr ? pre_gate[i] + gate_bias[c] : pre_gate[i];
+        float vv = val_bias != nullptr ? val[i] + val_bias[c] : val[i];
+        if (x_extra != nullptr) {
+            const int r = i / cols;
+            for (int e = 0; e < n_extra; ++e) {
+                const float x = x_extra[r * n_extra + e];
+                pg += x * w_extra_gate[e * cols + c];
+                vv += x * w_extra_val[e * cols + c];
+            }
         }
         const float s = stable_sigmoid(pg);
-        gate[i] = s;
+        if (keep) {
+            val[i] = vv;  // the backward needs the full value pre-activation
+            gate[i] = s;
+        }
         h[i] = s * vv;
     }
 }
@@ -48,8 +67,7 @@ extern "C" __global__ void glu_backward(
     float* dpre_gate, float* dval,                          // [total]
     long long total)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, total) {
         const float g = gate[i];
         const float d = dh[i];
         const float dgate = d * val[i];
@@ -64,8 +82,7 @@ extern "C" __global__ void bias_relu_forward(
     float* y,                            // [rows, cols]
     long long total, int cols)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, total) {
         const float t = x[i] + bias[(int)(i % cols)];
         y[i] = t > 0.0f ? t : 0.0f;
     }
@@ -78,8 +95,7 @@ extern "C" __global__ void relu_backward(
     float* dx,                           // [total]
     long long total)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, total) {
         const float g = addend != nullptr ? dy[i] + addend[i] : dy[i];
         dx[i] = y[i] > 0.0f ? g : 0.0f;
     }
@@ -93,8 +109,7 @@ extern "C" __global__ void vsn_forward(
     float* z,                            // [rows, cols]
     long long total, int cols)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, total) {
         const float pre = bias != nullptr ? mpre[i] + bias[(int)(i % cols)] : mpre[i];
         const float s = stable_sigmoid(pre);
         m[i] = s;
@@ -107,8 +122,7 @@ extern "C" __global__ void vsn_backward(
     float* dh2, float* dmpre,                               // [total]
     long long total)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, total) {
         const float d = dz[i];
         const float s = m[i];
         const float dm = d * h2[i];

@@ -6,6 +6,7 @@
 //   NUM_BRANCHES     D
 //   BRANCH_OFFSETS   {o_0, ..., o_D}: branch d owns actions [o_d, o_{d+1})
 //   MAX_BRANCH_SIZE  the largest o_{d+1} - o_d
+//   BRANCH_OF_ACTION {d(0), ..., d(A-1)}: the branch of each action
 #pragma once
 
 #ifndef NUM_ATOMS
@@ -22,4 +23,7 @@
 #endif
 #ifndef MAX_BRANCH_SIZE
 #define MAX_BRANCH_SIZE 3
+#endif
+#ifndef BRANCH_OF_ACTION
+#define BRANCH_OF_ACTION {0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3}
 #endif

@@ -1,37 +1,79 @@
 """The network's forward and backward on the GPU with fused kernels (CuPy, float32).
 
 Same mathematics as :mod:`foxhunt_core.net.network` (its NumPy reference), arranged for the
-device: GEMMs through cuBLAS (:mod:`foxhunt_core.gpu.cublas`), bias + activation, the VSN mask,
-the GLU, and dueling aggregation + log-softmax + expected Q + Var[Q] each in one kernel
-(:mod:`foxhunt_core.gpu.kernels`). Plugin stages (a gate activation, branch-input columns) run
-their own forward/backward here exactly as in the reference, so they are captured in the same
-CUDA graph. ``tests/gpu/test_update_gpu.py`` checks this path against the NumPy one.
+device so that each activation makes as few trips through memory as possible:
+
+* GEMMs through cuBLAS (:mod:`foxhunt_core.gpu.cublas`); bias + activation, the VSN mask, the GLU
+  and dueling aggregation + log-softmax + E[Q] + Var[Q] each in one kernel
+  (:mod:`foxhunt_core.gpu.kernels`);
+* the gate and value halves of a GLU are one strided-batched GEMM (their weights sit at a fixed
+  distance in the flat parameter buffer, and so do their gradient slots);
+* a branch's input columns beyond the shared features ``z`` (the magnitude branch's direction Q,
+  branch-input stages) are never concatenated to ``z``: their rank-E share of the
+  pre-activations is added inside the GLU kernel, and their gradients come from small GEMMs;
+* the advantage GEMMs write straight into the [B, A, N] buffer, and the value and advantage
+  biases are added by the dueling kernel as it reads them;
+* a forward can skip outputs nobody reads (``outputs``): the bootstrap needs only E[Q] from the
+  online network and only the probabilities from the target network;
+* the backward accumulates input gradients in place (GEMMs with ``beta = 1``) and can write the
+  weight gradients straight into the optimizer's flat gradient buffer (``grads_into``).
+
+Plugin stages (a gate activation, branch-input columns) run their own forward/backward here
+exactly as in the reference, so they are captured in the same CUDA graph.
+``tests/gpu/test_update_gpu.py`` checks this path against the NumPy one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from ..gpu import cublas
 from ..gpu import kernels as K
-from .layers import matmul as mm
 
 Array = Any
 DIRECTION, MAGNITUDE = 0, 1
+ALL_OUTPUTS = ("log_probs", "probs", "q", "var")
 _ONES: dict[tuple[int, int, str], Array] = {}
 
 
-def colsum(x: Array) -> Array:
-    """Column sums of ``x`` [B, H] as a GEMM with a ones row (CuPy's axis-0 reduction is slow)."""
+def mm(a: Array, b: Array, out: Array | None = None, beta: float = 0.0) -> Array:
+    return cublas.matmul(a, b, out=out, beta=beta)
+
+
+def _ones(rows: int, dtype: Any) -> Array:
     import cupy as cp
 
-    key = (cp.cuda.Device().id, x.shape[0], str(x.dtype))
+    key = (cp.cuda.Device().id, rows, str(dtype))
     ones = _ONES.get(key)
     if ones is None:
-        ones = _ONES[key] = cp.ones((1, x.shape[0]), dtype=x.dtype)
-    return mm(ones, x)[0]
+        ones = _ONES[key] = cp.ones((1, rows), dtype=dtype)
+    return ones
 
 
-def forward(net: Any, params: dict, obs: Array, keep_cache: bool) -> Any:
+def colsum(x: Array, out: Array | None = None) -> Array:
+    """Column sums of ``x`` [B, H] (any row stride) as a GEMM with a ones row, into ``out`` [H]
+    when given (CuPy's axis-0 reduction is slow)."""
+    res = mm(_ones(x.shape[0], x.dtype), x, out=None if out is None else out.reshape(1, -1))
+    return res[0]
+
+
+def _extra_inputs(net: Any, d: int, q: Array, extra_cols: list[Array]) -> Array | None:
+    """The columns of branch ``d``'s input beyond ``z`` ([B, E], small), or None."""
+    import cupy as cp
+
+    parts = []
+    if d == MAGNITUDE:
+        n_dir = net.sizes[DIRECTION]
+        parts.append(q[:, :n_dir] * (1.0 / net.q_scale))
+    parts += [cols for st, cols in zip(net.branch_inputs, extra_cols) if d in st.branches]
+    if not parts:
+        return None
+    return cp.ascontiguousarray(cp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+
+
+def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
+            outputs: Sequence[str] = ALL_OUTPUTS) -> Any:
     import cupy as cp
 
     from .network import NetOutput, SigmoidGate
@@ -40,51 +82,64 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool) -> Any:
     gp = params.get(net.gate.name, {})
     sigmoid_gate = isinstance(net.gate, SigmoidGate)
     B, N, A = obs.shape[0], net.num_atoms, net.num_actions
+    H2, H = net.settings.shared_h2, net.settings.adv_h
     offs = net.offsets
+    want = tuple(ALL_OUTPUTS if keep_cache else outputs)  # the backward reads probs and q
     z_sup = net.support(obs)
-    h1 = K.bias_relu_forward(mm(obs, p["trunk.w1"]), p["trunk.b1"])
-    h2 = K.bias_relu_forward(mm(h1, p["trunk.w2"]), p["trunk.b2"])
-    m, z = K.vsn_forward(h2, mm(h2, p["vsn.w"]), bias=p["vsn.b"])
-    v = mm(z, p["value.w"])
-    v += p["value.b"]
+    h1 = mm(obs, p["trunk.w1"])
+    K.bias_relu_forward(h1, p["trunk.b1"], out=h1)
+    h2 = mm(h1, p["trunk.w2"])
+    K.bias_relu_forward(h2, p["trunk.b2"], out=h2)
+    mpre = mm(h2, p["vsn.w"])
+    m, z = K.vsn_forward(h2, mpre, bias=p["vsn.b"], m=mpre)
+    v = mm(z, p["value.w"])  # its bias is added by the dueling kernel
 
     extra_cols, extra_caches = [], []
     for st in net.branch_inputs:
         cols, c = st.forward(cp, params.get(st.name, {}), obs)
-        extra_cols.append(cols)
+        extra_cols.append(cp.ascontiguousarray(cols))
         extra_caches.append(c)
 
     adv = cp.empty((B, A, N), dtype=cp.float32)
-    log_probs = cp.empty((B, A, N), dtype=cp.float32)
-    probs = cp.empty_like(log_probs)
+    adv2 = adv.reshape(B, A * N)
+    adv_bias = cp.concatenate([p[f"branch{d}.b_out"] for d in range(len(net.sizes))]).reshape(A, N)
+    log_probs = cp.empty((B, A, N), dtype=cp.float32) if "log_probs" in want else None
+    probs = cp.empty((B, A, N), dtype=cp.float32) if "probs" in want else None
     q = cp.empty((B, A), dtype=cp.float32)
-    var = cp.empty_like(q)
+    var = cp.empty((B, A), dtype=cp.float32) if "var" in want else None
+    outs = dict(log_probs=log_probs, probs=probs, q=q, var=var)
+
+    def dueling(branches: tuple[int, int], want_here: tuple[str, ...]) -> None:
+        K.dueling_softmax_forward(v, adv, z_sup, offs, branches=branches, v_bias=p["value.b"],
+                                  adv_bias=adv_bias, want=want_here, **outs)
+
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
     D = len(net.sizes)
     for d in (DIRECTION,) + tuple(i for i in range(D) if i != DIRECTION):
-        parts = [z]
-        if d == MAGNITUDE:
-            parts.append(q[:, offs[0] : offs[1]] / net.q_scale)
-        parts += [cols for st, cols in zip(net.branch_inputs, extra_cols) if d in st.branches]
-        u = cp.concatenate(parts, axis=1) if len(parts) > 1 else z
-        pre = mm(u, p[f"branch{d}.w_gate"])
-        val = mm(u, p[f"branch{d}.w_val"])
+        wg, wv = p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"]
+        xe = _extra_inputs(net, d, q, extra_cols)
+        pv = cp.empty((2, B, H), dtype=cp.float32)  # [z W_gate, z W_val]
+        cublas.matmul_group([z, z], [wg[:H2], wv[:H2]], [pv[0], pv[1]])
         if sigmoid_gate:
-            gate, h = K.glu_forward(pre, val, gate_bias=p[f"branch{d}.b_gate"], val_bias=p[f"branch{d}.b_val"])
-            gcache = None
+            gate, h = K.glu_forward(
+                pv[0], pv[1], gate_bias=p[f"branch{d}.b_gate"], val_bias=p[f"branch{d}.b_val"],
+                x_extra=xe, w_extra_gate=wg[H2:], w_extra_val=wv[H2:], keep=keep_cache)
+            gcache, val = None, pv[1]
         else:
+            pre, val = pv[0], pv[1]
+            if xe is not None:
+                mm(xe, wg[H2:], out=pre, beta=1.0)
+                mm(xe, wv[H2:], out=val, beta=1.0)
             pre += p[f"branch{d}.b_gate"]
             val += p[f"branch{d}.b_val"]
             gate, gcache = net.gate.forward(cp, gp, d, pre)
             h = gate * val
-        out = mm(h, p[f"branch{d}.w_out"])
-        out += p[f"branch{d}.b_out"]
-        adv[:, offs[d] : offs[d + 1]] = out.reshape(B, net.sizes[d], N)
+        mm(h, p[f"branch{d}.w_out"], out=adv2[:, offs[d] * N : offs[d + 1] * N])
         if d == DIRECTION:  # the magnitude branch reads the direction branch's expected Q
-            K.dueling_softmax_forward(v, adv, z_sup, offs, branches=(0, 1),
-                                      log_probs=log_probs, probs=probs, q=q, var=var)
-        branches[d] = dict(u=u, gate=gate, gcache=gcache, val=val, h=h)
-    K.dueling_softmax_forward(v, adv, z_sup, offs, branches=(1, D), log_probs=log_probs, probs=probs, q=q, var=var)
+            dueling((0, 1), want + ("q",))
+        if keep_cache:
+            branches[d] = dict(xe=xe, gate=gate, gcache=gcache, val=val, h=h)
+    dueling((1, D), want)
     cache = None
     if keep_cache:
         cache = dict(fused=True, obs=obs, h1=h1, h2=h2, m=m, z=z, branches=branches, q=q,
@@ -94,7 +149,9 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool) -> Any:
     return NetOutput(log_probs, probs, log_probs, cache, q=q, var=var)
 
 
-def backward(net: Any, params: dict, out: Any, dlogits: Array) -> dict:
+def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict | None = None) -> dict:
+    """Gradients of every parameter; ``grads_into`` (a tree of views, e.g. the optimizer's flat
+    gradient buffer) receives the core's weight gradients in place when given."""
     import cupy as cp
 
     from .network import SigmoidGate
@@ -103,71 +160,95 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array) -> dict:
     p = params["core"]
     gp = params.get(net.gate.name, {})
     sigmoid_gate = isinstance(net.gate, SigmoidGate)
-    B, H2 = dlogits.shape[0], net.settings.shared_h2
+    B, A, N = dlogits.shape
+    H2, H = net.settings.shared_h2, net.settings.adv_h
     offs = net.offsets
+    D = len(net.sizes)
     z_sup = net.support(dlogits)
+    dlogits = cp.ascontiguousarray(dlogits)
+    slots = (grads_into or {}).get("core", {})
     g: dict[str, Array] = {}
+
+    def slot(name: str) -> Array:
+        s = slots.get(name)
+        g[name] = s if s is not None else cp.empty(p[name].shape, dtype=cp.float32)
+        return g[name]
+
     ggate: dict[str, Array] = {}
     gextra: list[Any] = [None] * len(net.branch_inputs)
-    dq = cp.zeros((B, net.num_actions), dtype=cp.float32)  # conditioning path into direction Q
+    z = c["z"]
+    dz = cp.empty((B, H2), dtype=cp.float32)
+    dz_started = False
 
-    def branch_backward(d: int, dadv_d: Array) -> Array:
+    # Every branch but direction first: the magnitude branch's input gradient reaches the
+    # direction branch's Q, which then enters the direction branch's logit gradient.
+    dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D))
+    dadv2 = dadv.reshape(B, A * N)
+
+    def branch_backward(d: int) -> Array | None:
+        nonlocal dz_started
         bc = c["branches"][d]
-        dh = dadv_d.reshape(B, -1)
-        dh_in = mm(dh, p[f"branch{d}.w_out"].T)
-        g[f"branch{d}.w_out"] = mm(bc["h"].T, dh)
-        g[f"branch{d}.b_out"] = colsum(dh)
+        wg, wv, wo = p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"], p[f"branch{d}.w_out"]
+        dh = dadv2[:, offs[d] * N : offs[d + 1] * N]
+        dh_in = mm(dh, wo.T)
+        mm(bc["h"].T, dh, out=slot(f"branch{d}.w_out"))
+        colsum(dh, out=slot(f"branch{d}.b_out"))
+        dpv = cp.empty((2, B, H), dtype=cp.float32)  # [d pre_gate, d val]
         if sigmoid_gate:
-            dpre, dval = K.glu_backward(dh_in, bc["gate"], bc["val"])
+            K.glu_backward(dh_in, bc["gate"], bc["val"], dpre_gate=dpv[0], dval=dpv[1])
         else:
-            dgate, dval = dh_in * bc["val"], dh_in * bc["gate"]
-            dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dgate)
+            dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dh_in * bc["val"])
+            dpv[0] = dpre
+            cp.multiply(dh_in, bc["gate"], out=dpv[1])
             for k, val in gg.items():
                 ggate[k] = ggate[k] + val if k in ggate else val
-        u = bc["u"]
-        du = mm(dpre, p[f"branch{d}.w_gate"].T)
-        du += mm(dval, p[f"branch{d}.w_val"].T)
-        g[f"branch{d}.w_gate"] = mm(u.T, dpre)
-        g[f"branch{d}.b_gate"] = colsum(dpre)
-        g[f"branch{d}.w_val"] = mm(u.T, dval)
-        g[f"branch{d}.b_val"] = colsum(dval)
-        return du
+        # The weight gradients need the branch's whole input once: a product with only the few
+        # extra columns as rows (a reduction over B into a handful of outputs) is one of cuBLAS's
+        # slowest shapes, far slower than copying the columns next to z.
+        xe = bc["xe"]
+        u = z if xe is None else cp.concatenate([z, xe], axis=1)
+        cublas.matmul_group([u.T, u.T], [dpv[0], dpv[1]],
+                            [slot(f"branch{d}.w_gate"), slot(f"branch{d}.w_val")])
+        colsum(dpv[0], out=slot(f"branch{d}.b_gate"))  # gemv; a batched pair would not be one
+        colsum(dpv[1], out=slot(f"branch{d}.b_val"))
+        mm(dpv[0], wg[:H2].T, out=dz, beta=1.0 if dz_started else 0.0)
+        mm(dpv[1], wv[:H2].T, out=dz, beta=1.0)
+        dz_started = True
+        if xe is None:
+            return None
+        dxe = mm(dpv[0], wg[H2:].T)
+        mm(dpv[1], wv[H2:].T, out=dxe, beta=1.0)
+        return dxe
 
-    # Magnitude first: its input gradient reaches the direction branch's Q.
-    dl_mag = dlogits[:, offs[MAGNITUDE] : offs[MAGNITUDE + 1]]
-    du_mag = branch_backward(MAGNITUDE, dl_mag - dl_mag.mean(axis=1, keepdims=True))
+    dxes: dict[int, Array | None] = {MAGNITUDE: branch_backward(MAGNITUDE)}
     n_dir = net.sizes[DIRECTION]
-    dq[:, offs[0] : offs[1]] = du_mag[:, H2 : H2 + n_dir] / net.q_scale
-    dlogits = cp.ascontiguousarray(dlogits)
-    dv, dadv = K.dueling_backward(dlogits, z_sup, offs, dq=dq, probs=out.probs, q=c["q"])
-    dz = du_mag[:, :H2].copy()
-    dus = {MAGNITUDE: du_mag}
-    for d in range(len(net.sizes)):
-        if d == MAGNITUDE:
-            continue
-        du = branch_backward(d, dadv[:, offs[d] : offs[d + 1]])
-        dus[d] = du
-        dz += du[:, :H2]
-    for d, du in dus.items():
-        col = H2 + (n_dir if d == MAGNITUDE else 0)
+    dq = cp.zeros((B, A), dtype=cp.float32)  # the conditioning path into direction Q
+    dq[:, :n_dir] = dxes[MAGNITUDE][:, :n_dir] * (1.0 / net.q_scale)
+    K.dueling_backward(dlogits, z_sup, offs, branches=(0, 1), accumulate_dv=True, dq=dq,
+                       probs=out.probs, q=c["q"], dv=dv, dadv=dadv)
+    for d in range(D):
+        if d != MAGNITUDE:
+            dxes[d] = branch_backward(d)
+    for d, dxe in dxes.items():
+        col = n_dir if d == MAGNITUDE else 0
         for i, st in enumerate(net.branch_inputs):
             if d in st.branches:
-                dcols = du[:, col : col + st.width]
+                dcols = dxe[:, col : col + st.width]
                 gextra[i] = dcols if gextra[i] is None else gextra[i] + dcols
                 col += st.width
 
-    dz += mm(dv, p["value.w"].T)
-    g["value.w"] = mm(c["z"].T, dv)
-    g["value.b"] = colsum(dv)
+    mm(dv, p["value.w"].T, out=dz, beta=1.0)
+    mm(z.T, dv, out=slot("value.w"))
+    colsum(dv, out=slot("value.b"))
     dh2_mask, dmpre = K.vsn_backward(dz, c["h2"], c["m"])
-    g["vsn.w"] = mm(c["h2"].T, dmpre)
-    g["vsn.b"] = colsum(dmpre)
+    mm(c["h2"].T, dmpre, out=slot("vsn.w"))
+    colsum(dmpre, out=slot("vsn.b"))
     dh2 = K.relu_backward(dh2_mask, c["h2"], addend=mm(dmpre, p["vsn.w"].T))
-    g["trunk.w2"] = mm(c["h1"].T, dh2)
-    g["trunk.b2"] = colsum(dh2)
+    mm(c["h1"].T, dh2, out=slot("trunk.w2"))
+    colsum(dh2, out=slot("trunk.b2"))
     dh1 = K.relu_backward(mm(dh2, p["trunk.w2"].T), c["h1"])
-    g["trunk.w1"] = mm(c["obs"].T, dh1)
-    g["trunk.b1"] = colsum(dh1)
+    mm(c["obs"].T, dh1, out=slot("trunk.w1"))
+    colsum(dh1, out=slot("trunk.b1"))
 
     grads = {"core": g}
     if net.gate.name in params and net.gate.name != "core":
@@ -175,5 +256,5 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array) -> dict:
     for i, st in enumerate(net.branch_inputs):
         if st.name in params:
             dcols = gextra[i] if gextra[i] is not None else cp.zeros_like(c["extra_cols"][i])
-            grads[st.name] = st.backward(cp, params[st.name], c["extra_caches"][i], dcols)
+            grads[st.name] = st.backward(cp, params[st.name], c["extra_caches"][i], cp.ascontiguousarray(dcols))
     return grads

@@ -59,9 +59,9 @@ class SigmoidGate:
 class NetOutput:
     """Result of a forward pass; ``cache`` is ``None`` unless asked for."""
 
-    logits: Array  # [B, A, N] combined (dueling) logits (normalised on the fused GPU path)
-    probs: Array  # [B, A, N]
-    log_probs: Array  # [B, A, N]
+    logits: Array | None  # [B, A, N] combined (dueling) logits (normalised on the fused GPU path)
+    probs: Array | None  # [B, A, N]
+    log_probs: Array | None  # [B, A, N] (None only where a fused forward was told to skip them)
     cache: dict[str, Any] | None = field(default=None, repr=False)
     q: Array | None = None  # [B, A] expected Q, when the forward computed it anyway
     var: Array | None = None  # [B, A] Var[Q], likewise
@@ -160,11 +160,15 @@ class BranchingC51:
         """Whether ``x`` takes the fused-kernel GPU path (CuPy float32, unless switched off)."""
         return self.use_kernels and type(x).__module__.startswith("cupy") and x.dtype == np.float32
 
-    def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False) -> NetOutput:
+    def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False,
+                outputs: tuple[str, ...] | None = None) -> NetOutput:
+        """Distributions of every action for ``obs``. ``outputs`` (a subset of ``log_probs``,
+        ``probs``, ``q``, ``var``) lets the fused GPU path skip writing what the caller does not
+        read; the fields not asked for may then be None. The reference path computes them all."""
         if self.fused(obs):
             from . import fused
 
-            return fused.forward(self, params, obs, keep_cache)
+            return fused.forward(self, params, obs, keep_cache, outputs or fused.ALL_OUTPUTS)
         xp = L._xp(obs)
         p = params["core"]
         gp = params.get(self.gate.name, {})
@@ -215,14 +219,18 @@ class BranchingC51:
         return NetOutput(all_logits, probs, log_probs, cache)
 
     # ------------------------------------------------------------------ backward
-    def backward(self, params: ParamTree, out: NetOutput, dlogits: Array) -> ParamTree:
-        """Gradients of a scalar loss w.r.t. every parameter, given ``dloss/dlogits`` [B, A, N]."""
+    def backward(self, params: ParamTree, out: NetOutput, dlogits: Array,
+                 grads_into: ParamTree | None = None) -> ParamTree:
+        """Gradients of a scalar loss w.r.t. every parameter, given ``dloss/dlogits`` [B, A, N].
+
+        ``grads_into`` (the fused GPU path): a tree of preallocated views that receive the
+        core's gradients in place, e.g. the optimizer's flat gradient buffer."""
         if out.cache is None:
             raise ValueError("backward needs a forward pass run with keep_cache=True")
         if out.cache.get("fused"):
             from . import fused
 
-            return fused.backward(self, params, out, dlogits)
+            return fused.backward(self, params, out, dlogits, grads_into)
         c = out.cache
         xp = L._xp(dlogits)
         p = params["core"]

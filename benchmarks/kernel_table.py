@@ -1,0 +1,72 @@
+"""Per-kernel GPU time of one foxhunt update, from CUPTI through torch.profiler.
+
+    python benchmarks/kernel_table.py [--batch 65536] [--steps 5] [--top 40]
+
+The update runs from its CUDA graph is opaque to the profiler, so the profiled steps run eagerly
+(same kernels, launch gaps aside). Prints every kernel's total device time per update, grouped
+by name, largest first, and the sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("CUPY_TF32", "1")
+
+import numpy as np  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args()
+    import cupy as cp
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from foxhunt_core.agent import Agent
+    from foxhunt_core.config import RunSettings
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.plugins import PluginSet
+
+    cublas.set_tf32(True)
+    B = args.batch
+    agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    batch = {
+        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
+        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
+        "terminal": cp.zeros(B, dtype=cp.float32),
+    }
+    coeff = cp.asarray(0.001, dtype=cp.float32)
+    for _ in range(3):
+        agent.update(batch, coeff)
+    cp.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            agent.update(batch, coeff)
+        cp.cuda.Device().synchronize()
+    rows: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        r = rows.setdefault(ev.name[:90], [0.0, 0])
+        r[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        r[1] += 1
+    total = sum(v[0] for v in rows.values()) / args.steps
+    print(f"B = {B}: device time per update {total / 1e3:.3f} ms in "
+          f"{sum(v[1] for v in rows.values()) / args.steps:.0f} kernels/copies")
+    print(f"{'us/update':>10} {'calls':>6}  name")
+    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(f"{us / args.steps:10.1f} {n / args.steps:6.1f}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

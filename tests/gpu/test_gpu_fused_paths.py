@@ -1,0 +1,190 @@
+"""Parity of the kernel features the fused update relies on, against their NumPy twins.
+
+Dueling forward with the biases added on read and outputs skipped; the dueling backward in two
+branch passes with ``dv`` accumulated; the gather/scatter of the chosen actions' rows; the C51
+loss reading whole [B, A, N] outputs at given actions and writing the gradient over all actions;
+the GLU with extra input columns and without caches; cuBLAS products into strided views, with
+``beta``, and grouped (strided-batched) products. Fresh random inputs, outputs poisoned with NaN.
+
+Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for the kernels (float32 against float64 of the same
+inputs); 1e-6 for the fp32 GEMMs (TF32 off).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_parity import assert_close, host64, nan_like, to_dev
+
+from foxhunt_core.gpu import kernels as K
+from foxhunt_core.gpu import reference as R
+from foxhunt_core.net import layers as L
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-5
+LAYOUTS = [(51, (0, 3, 6, 9, 12)), (21, (0, 2, 5, 7)), (101, (0, 4, 6, 9, 12))]
+
+
+@pytest.mark.parametrize("N,offsets", LAYOUTS)
+def test_dueling_forward_with_biases_and_skipped_outputs(cp, rng, N, offsets):
+    B, A = 211, offsets[-1]
+    v = rng.normal(size=(B, N)).astype(np.float32)
+    adv = rng.normal(size=(B, A, N)).astype(np.float32)
+    vb = rng.normal(size=N).astype(np.float32)
+    ab = rng.normal(size=(A, N)).astype(np.float32)
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    ref = R.dueling_softmax_forward(host64(v), host64(adv), host64(z), offsets, host64(vb), host64(ab))
+    outs = dict(log_probs=nan_like(cp, (B, A, N)), probs=nan_like(cp, (B, A, N)),
+                q=nan_like(cp, (B, A)), var=nan_like(cp, (B, A)))
+    dv, dadv, dz, dvb, dab = (to_dev(cp, x) for x in (v, adv, z, vb, ab))
+    got = K.dueling_softmax_forward(dv, dadv, dz, offsets, v_bias=dvb, adv_bias=dab, **outs)
+    for name, g, r in zip(("log_probs", "probs", "q", "var"), got, ref):
+        assert_close(name, g, r, TOL)
+    # Only q and probs asked for: log_probs and var are neither returned nor written.
+    outs = dict(log_probs=nan_like(cp, (B, A, N)), probs=nan_like(cp, (B, A, N)),
+                q=nan_like(cp, (B, A)), var=nan_like(cp, (B, A)))
+    lp, p, q, var = K.dueling_softmax_forward(dv, dadv, dz, offsets, v_bias=dvb, adv_bias=dab,
+                                              want=("probs",), **outs)
+    assert lp is None and var is None
+    assert_close("probs", p, ref[1], TOL)
+    assert_close("q", q, ref[2], TOL)
+    assert np.isnan(host64(outs["log_probs"])).all() and np.isnan(host64(outs["var"])).all()
+
+
+@pytest.mark.parametrize("N,offsets", LAYOUTS)
+def test_dueling_backward_in_two_branch_passes(cp, rng, N, offsets):
+    B, A = 173, offsets[-1]
+    D = len(offsets) - 1
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    _, probs, q, _ = R.dueling_softmax_forward(rng.normal(size=(B, N)), rng.normal(size=(B, A, N)), z, offsets)
+    probs, q = probs.astype(np.float32), q.astype(np.float32)
+    dlogits = rng.normal(size=(B, A, N)).astype(np.float32)
+    dq = np.zeros((B, A), np.float32)
+    dq[:, : offsets[1]] = rng.normal(size=(B, offsets[1]))
+    ddl, dzz = to_dev(cp, dlogits), to_dev(cp, z)
+    dv, dadv = nan_like(cp, (B, N)), nan_like(cp, (B, A, N))
+    K.dueling_backward(ddl, dzz, offsets, branches=(1, D), dv=dv, dadv=dadv)
+    assert np.isnan(host64(dadv)[:, : offsets[1]]).all()  # the direction branch is not touched yet
+    K.dueling_backward(ddl, dzz, offsets, branches=(0, 1), accumulate_dv=True, dq=to_dev(cp, dq),
+                       probs=to_dev(cp, probs), q=to_dev(cp, q), dv=dv, dadv=dadv)
+    rdv, rdadv = R.dueling_backward(host64(dlogits), offsets, host64(dq), host64(probs), host64(q), host64(z))
+    assert_close("dv", dv, rdv, TOL)
+    assert_close("dadv", dadv, rdadv, TOL)
+
+
+@pytest.mark.parametrize("width", [1, 51])
+@pytest.mark.parametrize("offsets", [(0, 3, 6, 9, 12), (0, 2, 5, 7)])
+def test_gather_and_scatter_of_the_chosen_actions(cp, rng, width, offsets):
+    B, A = 157, offsets[-1]
+    D = len(offsets) - 1
+    sizes = np.diff(offsets)
+    action = (rng.integers(0, 1 << 20, size=(B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    shape = (B, A) if width == 1 else (B, A, width)
+    x = rng.normal(size=shape).astype(np.float32)
+    out = nan_like(cp, (B, D) if width == 1 else (B, D, width))
+    got = K.gather_actions(to_dev(cp, x), cp.asarray(action), offsets, out=out)
+    assert_close("gather", got, R.gather_actions(host64(x), action), TOL)
+    vals = rng.normal(size=(B, D) if width == 1 else (B, D, width)).astype(np.float32)
+    out = nan_like(cp, shape)
+    got = K.scatter_actions(to_dev(cp, vals), cp.asarray(action), offsets, out=out)
+    assert_close("scatter", got, R.scatter_actions(host64(vals), action, A), TOL)
+
+
+@pytest.mark.parametrize("N,offsets", [(51, (0, 3, 6, 9, 12)), (21, (0, 2, 5, 7))])
+def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, offsets):
+    B, A = 199, offsets[-1]
+    D = len(offsets) - 1
+    sizes = np.diff(offsets)
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    tgt = L.softmax(rng.normal(0, 1.5, (B, A, N))).astype(np.float32)
+    logp = L.log_softmax(rng.normal(0, 1.5, (B, A, N))).astype(np.float32)
+    reward = rng.uniform(-12, 12, B).astype(np.float32)
+    discount = (0.99 * (rng.random(B) > 0.2)).astype(np.float32)
+    a_next = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    a_taken = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    outs = dict(m=nan_like(cp, (B, D, N)), dlogits=nan_like(cp, (B, A, N)),
+                loss=nan_like(cp, (B, D)), entropy=nan_like(cp, (B, D)))
+    got = K.c51_target_loss(to_dev(cp, tgt), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
+                            to_dev(cp, z), 0.01, next_action=cp.asarray(a_next), action=cp.asarray(a_taken),
+                            offsets=offsets, dlogits_full=True, **outs)
+    rm, rdl, rloss, rent = R.c51_target_loss(
+        R.gather_actions(host64(tgt), a_next), host64(reward), host64(discount),
+        R.gather_actions(host64(logp), a_taken), host64(z), 0.01)
+    assert_close("m", got[0], rm, TOL)
+    assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, A), TOL)
+    assert_close("loss", got[2], rloss, TOL)
+    assert_close("entropy", got[3], rent, TOL)
+
+
+@pytest.mark.parametrize("E", [0, 3, 5])
+@pytest.mark.parametrize("keep", [True, False])
+def test_glu_forward_with_extra_columns(cp, rng, E, keep):
+    B, H = 301, 96
+    pre = rng.normal(size=(B, H)).astype(np.float32)
+    val = rng.normal(size=(B, H)).astype(np.float32)
+    bg, bv = (rng.normal(size=H).astype(np.float32) for _ in range(2))
+    xe = rng.normal(size=(B, E)).astype(np.float32)
+    weg, wev = (rng.normal(size=(E, H)).astype(np.float32) for _ in range(2))
+    rg, rh, rval = R.glu_forward(host64(pre), host64(val), host64(bg), host64(bv), host64(xe), host64(weg), host64(wev))
+    dval = to_dev(cp, val)
+    gate, h = K.glu_forward(to_dev(cp, pre), dval, gate_bias=to_dev(cp, bg), val_bias=to_dev(cp, bv),
+                            x_extra=to_dev(cp, xe), w_extra_gate=to_dev(cp, weg), w_extra_val=to_dev(cp, wev),
+                            keep=keep, h=nan_like(cp, (B, H)), gate=nan_like(cp, (B, H)) if keep else None)
+    assert_close("h", h, rh, TOL)
+    if keep:
+        assert_close("gate", gate, rg, TOL)
+        assert_close("val", dval, rval, TOL)
+    else:
+        assert gate is None
+        assert_close("val untouched", dval, val, 1e-7)
+
+
+def _fp32():
+    from foxhunt_core.gpu import cublas
+
+    cublas.set_tf32(False)
+    return cublas
+
+
+def test_matmul_into_a_strided_view_with_beta(cp, rng):
+    cublas = _fp32()
+    a = rng.normal(size=(130, 40)).astype(np.float32)
+    b = rng.normal(size=(40, 17)).astype(np.float32)
+    base = rng.normal(size=(130, 60)).astype(np.float32)
+    buf = to_dev(cp, base)
+    cublas.matmul(to_dev(cp, a), to_dev(cp, b), out=buf[:, 11:28])
+    ref = host64(base)
+    ref[:, 11:28] = host64(a) @ host64(b)
+    assert_close("beta=0 into view", buf, ref, 1e-6)
+    cublas.matmul(to_dev(cp, a), to_dev(cp, b), out=buf[:, 11:28], beta=1.0)
+    ref[:, 11:28] += host64(a) @ host64(b)
+    assert_close("beta=1 into view", buf, ref, 1e-6)
+    with pytest.raises(ValueError, match="cublas matmul: out has shape"):
+        cublas.matmul(to_dev(cp, a), to_dev(cp, b), out=buf[:, :16])
+
+
+@pytest.mark.parametrize("adjacent", [True, False])
+def test_matmul_group_shared_operand(cp, rng, adjacent):
+    """Two products with one shared left operand (the GLU pair): one strided-batched GEMM when the
+    right operands and outputs sit at a fixed distance, one GEMM each otherwise."""
+    cublas = _fp32()
+    M, Kd, N = 257, 48, 32
+    x = to_dev(cp, rng.normal(size=(M, Kd)))
+    if adjacent:
+        w = to_dev(cp, rng.normal(size=(2, Kd + 3, N)))  # like w_gate/w_val with 3 extra rows
+        w0, w1 = w[0][:Kd], w[1][:Kd]
+        out = nan_like(cp, (2, M, N))
+        o0, o1 = out[0], out[1]
+    else:
+        w0, w1 = to_dev(cp, rng.normal(size=(Kd, N))), to_dev(cp, rng.normal(size=(Kd, N)))
+        o0, o1 = nan_like(cp, (M, N)), nan_like(cp, (M, N))
+    cublas.matmul_group([x, x], [w0, w1], [o0, o1])
+    assert_close("out0", o0, host64(x) @ host64(w0), 1e-6)
+    assert_close("out1", o1, host64(x) @ host64(w1), 1e-6)
+    # transposed shared operand (weight gradients): x.T @ dy for two dy
+    dy = to_dev(cp, rng.normal(size=(2, M, N)))
+    g = nan_like(cp, (2, Kd + 3, N))
+    cublas.matmul_group([x.T, x.T], [dy[0], dy[1]], [g[0][:Kd], g[1][:Kd]])
+    assert_close("grad0", g[0][:Kd], host64(x).T @ host64(dy[0]), 1e-6)
+    assert_close("grad1", g[1][:Kd], host64(x).T @ host64(dy[1]), 1e-6)
+    assert np.isnan(host64(g)[:, Kd:]).all()

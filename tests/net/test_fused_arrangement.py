@@ -1,0 +1,195 @@
+"""The fused GPU arrangement of the network (``foxhunt_core.net.fused``), checked on the CPU.
+
+``fused.py`` runs on CuPy with the core's kernels and cuBLAS. Here the same code runs with NumPy
+standing in for CuPy and the kernels' NumPy twins (``foxhunt_core.gpu.reference``) standing in
+for the kernel wrappers, in float64. That checks the arrangement itself on every CI run — the
+GLU's gate/value GEMM pair, a branch's extra input columns folded into the GLU instead of
+concatenated, the advantage GEMMs writing into one buffer, the biases added by the dueling
+kernel, the dueling backward in two passes, gradients written into flat slots — against the
+reference network. The kernels themselves are checked against the same twins on the GPU
+(``tests/gpu``).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from foxhunt_core.config import NetSettings
+from foxhunt_core.gpu import reference as R
+from foxhunt_core.gpu.flat import FlatTree
+from foxhunt_core.net import BranchingC51, fused
+from foxhunt_core.net import layers as L
+from hook_plugins import TanhGateStage
+
+
+class WideColumns:
+    """Two extra columns for the magnitude and urgency branches (the magnitude branch then has
+    its direction-Q columns and these)."""
+
+    name = "wide_columns"
+    branches = (1, 3)
+    width = 2
+
+    def init_params(self, rng):
+        return {"w": rng.normal(size=(2,))}
+
+    def forward(self, xp, params, obs):
+        x = obs[:, :2]
+        return x * params["w"], x
+
+    def backward(self, xp, params, cache, dcols):
+        return {"w": (dcols * cache).sum(axis=0)}
+
+
+def _numpy_cupy() -> types.ModuleType:
+    """NumPy under CuPy's name, with float32 meaning float64 (the check runs in float64)."""
+    shim = types.ModuleType("cupy")
+    shim.__getattr__ = lambda name: getattr(np, name)
+    shim.float32 = np.float64
+    shim.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))
+    return shim
+
+
+def _put(out, value):
+    if out is None:
+        return value
+    out[...] = value
+    return out
+
+
+def _kernels() -> types.SimpleNamespace:
+    """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
+    branch subsets and skipped outputs as the kernels do."""
+
+    def bias_relu_forward(x, bias, *, out=None):
+        return _put(out, R.bias_relu_forward(x, bias))
+
+    def vsn_forward(h2, mpre, *, bias=None, m=None, z=None):
+        rm, rz = R.vsn_forward(h2, mpre, bias)
+        return _put(m, rm), _put(z, rz)
+
+    def glu_forward(pre_gate, val, *, gate_bias=None, val_bias=None, x_extra=None, w_extra_gate=None,
+                    w_extra_val=None, keep=True, gate=None, h=None):
+        g, rh, rv = R.glu_forward(pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val)
+        if keep:
+            val[...] = rv
+            return _put(gate, g), _put(h, rh)
+        return None, _put(h, rh)
+
+    def glu_backward(dh, gate, val, *, dpre_gate=None, dval=None):
+        a, b = R.glu_backward(dh, gate, val)
+        return _put(dpre_gate, a), _put(dval, b)
+
+    def relu_backward(dy, y, *, addend=None, out=None):
+        return _put(out, R.relu_backward(dy, y, addend))
+
+    def vsn_backward(dz, h2, m, *, dh2=None, dmpre=None):
+        a, b = R.vsn_backward(dz, h2, m)
+        return _put(dh2, a), _put(dmpre, b)
+
+    def dueling_softmax_forward(v, adv, z, offsets, *, branches=None, v_bias=None, adv_bias=None,
+                                want=("log_probs", "probs", "q", "var"), log_probs=None, probs=None,
+                                q=None, var=None):
+        ref = R.dueling_softmax_forward(v, adv, z, offsets, v_bias, adv_bias)
+        d0, d1 = branches or (0, len(offsets) - 1)
+        a0, a1 = offsets[d0], offsets[d1]
+        for name, out, r in zip(("log_probs", "probs", "q", "var"), (log_probs, probs, q, var), ref):
+            if name in want or name == "q":
+                out[:, a0:a1] = r[:, a0:a1]
+        return log_probs, probs, q, var
+
+    def dueling_backward(dlogits, z, offsets, *, branches=None, accumulate_dv=False, dq=None, probs=None,
+                         q=None, dv=None, dadv=None):
+        rdv, rdadv = R.dueling_backward(dlogits, offsets, dq, probs, q, z, branches)
+        d0, d1 = branches or (0, len(offsets) - 1)
+        dadv = np.full(dlogits.shape, np.nan) if dadv is None else dadv
+        dadv[:, offsets[d0] : offsets[d1]] = rdadv
+        dv = _put(dv, dv + rdv if accumulate_dv else rdv)
+        return dv, dadv
+
+    return types.SimpleNamespace(**{f.__name__: f for f in (
+        bias_relu_forward, vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward,
+        dueling_softmax_forward, dueling_backward)})
+
+
+def _blas() -> types.SimpleNamespace:
+    def matmul(a, b, out=None, beta=0.0):
+        if out is None:
+            return a @ b
+        out[...] = a @ b if beta == 0.0 else a @ b + beta * out  # cuBLAS ignores C when beta = 0
+        return out
+
+    def matmul_group(a_list, b_list, outs, beta=0.0):
+        for a, b, o in zip(a_list, b_list, outs):
+            matmul(a, b, out=o, beta=beta)
+
+    return types.SimpleNamespace(matmul=matmul, matmul_group=matmul_group)
+
+
+@pytest.fixture
+def numpy_fused(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", _numpy_cupy())
+    monkeypatch.setattr(fused, "K", _kernels())
+    monkeypatch.setattr(fused, "cublas", _blas())
+    monkeypatch.setattr(fused, "_ONES", {})
+    return fused
+
+
+def _net(stages: bool) -> BranchingC51:
+    s = NetSettings(shared_h1=24, shared_h2=16, adv_h=12, num_atoms=11)
+    if stages:
+        return BranchingC51(s, gate=TanhGateStage(), branch_inputs=[WideColumns()])
+    return BranchingC51(s)
+
+
+def _flat_params(net: BranchingC51, rng) -> dict:
+    tree = net.init_params(rng, dtype=np.float64)
+    for sub in tree.values():  # non-zero biases, so that their paths are exercised
+        for k, v in sub.items():
+            if ".b" in k or k.endswith("slope"):
+                v[...] = rng.normal(0.0, 0.3, v.shape)
+    return FlatTree.from_tree(tree, dtype=np.float64).tree
+
+
+@pytest.mark.parametrize("stages", [False, True], ids=["core", "gate+columns"])
+def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages):
+    rng = np.random.default_rng(7)
+    net = _net(stages)
+    params = _flat_params(net, rng)
+    obs = rng.normal(size=(9, net.settings.state_dim))
+    ref = net.forward(params, obs, keep_cache=True)
+    got = numpy_fused.forward(net, params, obs, keep_cache=True)
+    for name in ("log_probs", "probs"):
+        np.testing.assert_allclose(getattr(got, name), getattr(ref, name), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got.q, (ref.probs * net.support64).sum(-1), rtol=1e-10, atol=1e-12)
+
+    dlogits = rng.normal(size=ref.log_probs.shape)
+    g_ref = net.backward(params, ref, dlogits)
+    slots = FlatTree(FlatTree.from_tree(params).shapes(), dtype=np.float64)
+    slots.buffer[...] = np.nan  # a gradient the backward does not write would stay NaN
+    g_got = numpy_fused.backward(net, params, got, dlogits, grads_into=slots.tree)
+    assert set(g_got) == set(g_ref)
+    for owner, sub in g_ref.items():
+        assert set(g_got[owner]) == set(sub)
+        for k, v in sub.items():
+            np.testing.assert_allclose(g_got[owner][k], v, rtol=1e-9, atol=1e-12, err_msg=f"{owner}/{k}")
+    for k, v in g_got["core"].items():  # the core's gradients live in the given slots
+        assert np.shares_memory(v, slots.buffer), k
+
+
+def test_forward_without_cache_writes_only_what_is_asked(numpy_fused):
+    rng = np.random.default_rng(3)
+    net = _net(True)
+    params = _flat_params(net, rng)
+    obs = rng.normal(size=(5, net.settings.state_dim))
+    ref = net.forward(params, obs)
+    got = numpy_fused.forward(net, params, obs, keep_cache=False, outputs=("q",))
+    assert got.probs is None and got.log_probs is None and got.var is None and got.cache is None
+    np.testing.assert_allclose(got.q, (ref.probs * net.support64).sum(-1), rtol=1e-10)
+    got = numpy_fused.forward(net, params, obs, keep_cache=False, outputs=("probs",))
+    np.testing.assert_allclose(got.probs, ref.probs, rtol=1e-10, atol=1e-14)
+    assert np.allclose(L.softmax(ref.logits), ref.probs)
