@@ -113,7 +113,9 @@ class Agent:
     def act_values(self, obs: Array, iqn_readiness: float, params: Tree | None = None) -> Array:
         """Selection values [B, A] for observations [B, S] (no caches kept)."""
         params = self.online if params is None else params
-        out = self.net.forward(params, obs, outputs=("probs", "q", "var"))
+        # Only an action-select stage reads the distributions; without one E[Q] is enough.
+        wanted = ("probs", "q", "var") if self.qpipe.select is not None else ("q",)
+        out = self.net.forward(params, obs, outputs=wanted)
         q = self._qpipe(params, out)
         return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness)
 
