@@ -112,6 +112,7 @@ def bench_policy(split: Any, episodes: int, args: argparse.Namespace) -> float:
     step and replay add, replayed from its captured graph; environment steps per second."""
     import cupy as cp
 
+    from foxhunt_core import backend
     from foxhunt_core.agent import Agent
     from foxhunt_core.collector import DeviceCollector
     from foxhunt_core.config import RunSettings
@@ -119,6 +120,7 @@ def bench_policy(split: Any, episodes: int, args: argparse.Namespace) -> float:
 
     settings = RunSettings.model_validate({"env": {"num_envs": episodes},
                                            "train": {"replay_capacity": max(args.replay_capacity, episodes)}})
+    backend.select("cuda", settings.train.tf32)  # GEMM precision as the trainer sets it (TF32)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))

@@ -397,8 +397,10 @@ def glu_forward(
     gate = output(k, "gate", gate, (B, H)) if keep else None
     h = output(k, "h", h, (B, H))
     total = B * H
-    _kernel("elementwise.cu", k)(
-        (_elementwise_grid(total),), (THREADS,),
+    arrays = (pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, gate, h)
+    vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+    _kernel("elementwise.cu", "glu_forward_vec4" if vec4 else k)(
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
         (pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, i32(E), i32(int(keep)),
          gate, h, i64(total), i32(H)),
     )

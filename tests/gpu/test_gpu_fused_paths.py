@@ -116,10 +116,11 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
     assert_close("entropy", got[3], rent, TOL)
 
 
+@pytest.mark.parametrize("H", [96, 37])  # float4 kernel, scalar kernel
 @pytest.mark.parametrize("E", [0, 3, 5])
 @pytest.mark.parametrize("keep", [True, False])
-def test_glu_forward_with_extra_columns(cp, rng, E, keep):
-    B, H = 301, 96
+def test_glu_forward_with_extra_columns(cp, rng, E, keep, H):
+    B = 301
     pre = rng.normal(size=(B, H)).astype(np.float32)
     val = rng.normal(size=(B, H)).astype(np.float32)
     bg, bv = (rng.normal(size=H).astype(np.float32) for _ in range(2))
