@@ -205,12 +205,12 @@ def main() -> None:
         cells = "".join(f"{r[c] / 1e6:>22.2f}" if c in r else f"{'-':>22}" for c in cols)
         best = r.get("collect_graph", r.get("collect_eager"))
         print(f"{r['device'][:23]:<24}{r['episodes']:>10}" + cells + f"{1e6 * r['episodes'] / best:>13.1f}")
-    big = [r for r in rows if r["episodes"] == 65536 and "collect_graph" in r]
-    if big:
-        rate = big[0]["collect_graph"]
+    big = [r for r in rows if r["episodes"] == 65536 and "collect_policy_graph" in r]
+    if big:  # judged on the trainer's whole timestep, the policy forward included
+        rate = big[0]["collect_policy_graph"]
         verdict = "met" if rate >= TARGET else "NOT met"
-        print(f"target >= {TARGET / 1e6:.0f} M env steps/s at 65536 episodes (collection "
-              f"timestep): {verdict} ({rate / 1e6:.1f} M)")
+        print(f"target >= {TARGET / 1e6:.0f} M env steps/s at 65536 episodes (the trainer's "
+              f"timestep, policy forward included): {verdict} ({rate / 1e6:.1f} M)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
