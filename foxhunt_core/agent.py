@@ -163,6 +163,8 @@ class Agent:
         """Gradients of the full objective; returns ``(grads, scalars, net_out, q_out)``.
 
         ``entropy_coeff`` is a float, or (on the GPU) a device scalar read when the step runs.
+        On the fused GPU path the core's gradients are views of the optimizer's flat gradient
+        buffer (no copy before the step), so the next call overwrites them.
         """
         xp = self.xp
         t = self.settings.train

@@ -8,15 +8,22 @@ allocated (convenient outside graph capture). Scalars are passed by value as flo
 
 Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
 
-- ``dueling_softmax_forward``: ``network.py`` dueling ``V + A - mean A``, ``layers.log_softmax``,
-  ``qpipe.expected_q``; a warp per (sample, branch).
+- ``dueling_softmax_forward``: ``network.py`` dueling ``V + A - mean A`` (biases added on read),
+  ``layers.log_softmax``, ``qpipe.expected_q``; outputs nobody reads can be skipped; a warp per
+  (sample, branch).
 - ``dueling_backward``: ``network.py`` ``dadv = dl - mean dl``, ``dv = sum_a dl``, with the
-  direction-conditioning term of ``expected_q_backward`` optionally fused; a warp per sample.
+  direction-conditioning term of ``expected_q_backward`` optionally fused, over a range of
+  branches; a warp per sample.
+- ``gather_actions`` / ``scatter_actions``: ``take_along_axis`` / ``put_along_axis`` on zeros at
+  the chosen action of each branch; a thread per element.
 - ``expected_q_backward``: ``network.py`` ``dq * p * (z - q)``; a thread per element.
 - ``c51_target_loss``: ``c51.project`` + ``c51.loss_and_grad`` (gradient / (B D), as
-  ``agent.py``); a warp per (sample, branch).
+  ``agent.py``), optionally reading the chosen rows of whole outputs and writing the gradient
+  over all actions; a warp per (sample, branch).
 - ``glu_forward/backward``, ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
-  the GLU, trunk and VSN lines of ``network.py`` with ``layers.sigmoid/relu``; a thread per element.
+  the GLU (with a branch's extra input columns), trunk and VSN lines of ``network.py`` with
+  ``layers.sigmoid/relu``; a thread per element (four per thread, ``float4``, for the GLU
+  forward where the rows allow).
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
