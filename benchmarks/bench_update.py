@@ -6,6 +6,8 @@ In one run on one GPU, for each batch size:
 
 * ``foxhunt``: the CUDA-graph replay of foxhunt's update (foxhunt_core.graphs.GraphedUpdate);
 * ``foxhunt eager``: the same update launched kernel by kernel (for the graph's share);
+* ``foxhunt gemmex``: the graph replay with every GEMM through ``cublasGemmEx`` instead of
+  cuBLASLt (no fused epilogues; for cuBLASLt's share);
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
   loss inside a hand-captured graph, the strongest peer), from benchmarks/torch_peer.py, which
@@ -59,7 +61,17 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
     return out
 
 
-def bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
+def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True) -> float:
+    from foxhunt_core.gpu import cublaslt
+
+    cublaslt.set_enabled(lt)
+    try:
+        return _bench_foxhunt(B, repeats, graphs)
+    finally:
+        cublaslt.set_enabled(True)
+
+
+def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
     import cupy as cp
 
     from foxhunt_core.agent import Agent
@@ -175,6 +187,7 @@ def main() -> int:
         res = {"batch": B}
         res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True)
         res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False)
+        res["foxhunt gemmex"] = bench_foxhunt(B, args.repeats, graphs=True, lt=False)
         if not args.skip_torch:
             for kind in ("eager", "compile", "graph", "compile+graph"):
                 try:
@@ -188,7 +201,8 @@ def main() -> int:
         print(json.dumps(res), flush=True)
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
-    cols = ["foxhunt", "foxhunt eager", "torch eager", "torch compile", "torch graph", "torch compile+graph"]
+    cols = ["foxhunt", "foxhunt eager", "foxhunt gemmex", "torch eager", "torch compile", "torch graph",
+            "torch compile+graph"]
     cols = [c for c in cols if c in rows[0]]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")

@@ -21,6 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from . import cublaslt
+
 OP_N, OP_T = 0, 1
 R_32F, R_64F = 0, 1
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
@@ -150,19 +152,28 @@ def _out_operand(out: Any, M: int, N: int, dtype: Any, who: str) -> int:
     return max(ld, 1)
 
 
-def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0) -> Any:
+def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = None, relu: bool = False,
+           bias_grad: Any = None) -> Any:
     """``a @ b`` for 2-D/2-D, 3-D/2-D and 3-D/3-D (batched) float32/float64 CuPy arrays.
 
     For 2-D operands ``out`` may be given: a row-major view (any row stride, e.g. a column block
-    of a wider buffer), which receives ``a @ b + beta * out``.
+    of a wider buffer), which receives ``a @ b + beta * out``. Also for 2-D operands:
+
+    * ``bias`` [N] is added to every row and ``relu`` applied after it: ``relu(a @ b + bias)``;
+    * ``bias_grad`` [N] receives the column sums of ``b`` (for a weight gradient ``x.T @ dy``,
+      the bias gradient ``dy.sum(0)``).
+
+    float32 products go through cuBLASLt (:mod:`.cublaslt`), which fuses these into the GEMM
+    where it can; otherwise, and for float64, ``cublasGemmEx`` and separate passes.
     """
     import cupy
 
     if a.dtype != b.dtype:
         raise TypeError(f"cublas matmul: dtypes differ ({a.dtype}, {b.dtype})")
+    extras = bias is not None or relu or bias_grad is not None
     if a.ndim == 3 and b.ndim == 2:
-        if out is not None:
-            raise ValueError("cublas matmul: out is supported for 2-D operands only")
+        if out is not None or extras:
+            raise ValueError("cublas matmul: out, bias, relu and bias_grad need 2-D operands")
         a2 = a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
         return matmul(a2.reshape(-1, a.shape[2]), b).reshape(a.shape[0], a.shape[1], b.shape[1])
     if a.ndim != b.ndim or a.ndim not in (2, 3):
@@ -171,25 +182,48 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0) -> Any:
     N = b.shape[-1]
     if b.shape[-2] != K or (a.ndim == 3 and a.shape[0] != b.shape[0]):
         raise ValueError(f"cublas matmul: shapes {a.shape} and {b.shape} do not align")
+    if a.ndim == 3 and (out is not None or extras):
+        raise ValueError("cublas matmul: out, bias, relu and bias_grad need 2-D operands")
+    if bias is not None and bias_grad is not None:
+        raise ValueError("cublas matmul: bias and bias_grad cannot be combined")
+    for name, vec in (("bias", bias), ("bias_grad", bias_grad)):
+        if vec is not None and (vec.dtype != a.dtype or vec.shape != (N,) or not vec.flags.c_contiguous):
+            raise ValueError(f"cublas matmul: {name} must be a contiguous [{N}] {a.dtype} vector, "
+                             f"got {vec.shape} {vec.dtype}")
     batch = a.shape[0] if a.ndim == 3 else 1
     if out is None:
         if beta != 0.0:
             raise ValueError("cublas matmul: beta needs out")
         out = cupy.empty(((batch,) if a.ndim == 3 else ()) + (M, N), dtype=a.dtype)
         ldc = N
-    elif a.ndim == 2:
-        ldc = _out_operand(out, M, N, a.dtype, "cublas matmul")
     else:
-        raise ValueError("cublas matmul: out is supported for 2-D operands only")
-    if M == 0 or N == 0 or batch == 0:
-        return out
-    if K == 0:
-        if beta == 0.0:
+        ldc = _out_operand(out, M, N, a.dtype, "cublas matmul")
+    if M == 0 or N == 0 or batch == 0 or K == 0:
+        if K == 0 and beta == 0.0:
             out.fill(0)
+        if bias_grad is not None:
+            bias_grad.fill(0)
+        if bias is not None or relu:
+            _epilogue_passes(out, bias, relu)
         return out
     dtype_id, compute, scalar = _types(a.dtype)
     a, op_a, lda = _operand(a)
     b, op_b, ldb = _operand(b)
+    if a.ndim == 2 and a.dtype == cupy.float32 and cublaslt.enabled():
+        stream = cupy.cuda.get_current_stream().ptr
+        epi, vec = cublaslt.EPI_DEFAULT, 0
+        if bias is not None:
+            epi, vec = (cublaslt.EPI_RELU_BIAS if relu else cublaslt.EPI_BIAS), bias.data.ptr
+        elif relu:
+            epi = cublaslt.EPI_RELU
+        elif bias_grad is not None:
+            epi, vec = cublaslt.EPI_BGRADA, bias_grad.data.ptr
+        args = (compute, op_b, op_a, N, M, K, b.data.ptr, ldb, a.data.ptr, lda, out.data.ptr, ldc, beta, stream)
+        if cublaslt.matmul(*args, epilogue=epi, bias_ptr=vec):
+            return out
+        if epi != cublaslt.EPI_DEFAULT and cublaslt.matmul(*args):
+            _epilogue_passes(out, bias, relu, bias_grad, b)
+            return out
     h = _handle()
     alpha, cbeta = scalar(1.0), scalar(beta)
     lib = _load()
@@ -199,6 +233,8 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0) -> Any:
             ctypes.c_void_p(a.data.ptr), dtype_id, lda, ctypes.byref(cbeta), ctypes.c_void_p(out.data.ptr),
             dtype_id, ldc, compute, GEMM_DEFAULT)
         _check(st, "cublasGemmEx")
+        if extras:
+            _epilogue_passes(out, bias, relu, bias_grad, b)
     else:
         isz = a.itemsize
         st = lib.cublasGemmStridedBatchedEx(
@@ -208,6 +244,32 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0) -> Any:
             GEMM_DEFAULT)
         _check(st, "cublasGemmStridedBatchedEx")
     return out
+
+
+_ONES: dict[tuple[int, int, str], Any] = {}
+
+
+def ones_row(rows: int, dtype: Any) -> Any:
+    """A cached [1, rows] row of ones (column sums as a GEMM; made once, outside any capture)."""
+    import cupy
+
+    key = (cupy.cuda.Device().id, rows, str(dtype))
+    ones = _ONES.get(key)
+    if ones is None:
+        ones = _ONES[key] = cupy.ones((1, rows), dtype=dtype)
+    return ones
+
+
+def _epilogue_passes(out: Any, bias: Any, relu: bool, bias_grad: Any = None, b: Any = None) -> None:
+    """The epilogues as separate passes (where the GEMM could not fuse them)."""
+    import cupy
+
+    if bias is not None:
+        out += bias
+    if relu:
+        cupy.maximum(out, 0, out=out)
+    if bias_grad is not None:
+        matmul(ones_row(b.shape[0], b.dtype), b, out=bias_grad.reshape(1, -1))
 
 
 def _stride(arrays: Sequence[Any]) -> int | None:

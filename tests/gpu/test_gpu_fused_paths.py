@@ -189,3 +189,63 @@ def test_matmul_group_shared_operand(cp, rng, adjacent):
     assert_close("grad0", g[0][:Kd], host64(x).T @ host64(dy[0]), 1e-6)
     assert_close("grad1", g[1][:Kd], host64(x).T @ host64(dy[1]), 1e-6)
     assert np.isnan(host64(g)[:, Kd:]).all()
+
+
+def _operand(cp, x: np.ndarray, transposed: bool):
+    """``x`` on the device, C-contiguous or as the transpose view of a contiguous array."""
+    return to_dev(cp, x.T.copy()).T if transposed else to_dev(cp, x)
+
+
+@pytest.mark.parametrize("lt", [True, False], ids=["cublaslt", "gemmex"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("N", [64, 17])
+def test_matmul_epilogues(cp, rng, lt, ta, tb, N):
+    """Bias, ReLU + bias and bias-gradient epilogues (fused by cuBLASLt, or separate passes)."""
+    cublas = _fp32()
+    from foxhunt_core.gpu import cublaslt
+
+    cublaslt.set_enabled(lt)
+    try:
+        M, Kd = 301, 40
+        a, b = rng.normal(size=(M, Kd)), rng.normal(size=(Kd, N))
+        bias = rng.normal(size=N)
+        da, db = _operand(cp, a, ta), _operand(cp, b, tb)
+        ref = host64(a.astype(np.float32)) @ host64(b.astype(np.float32))
+        rb = host64(bias.astype(np.float32))
+        assert_close("plain", cublas.matmul(da, db), ref, 1e-6)
+        assert_close("bias", cublas.matmul(da, db, bias=to_dev(cp, bias)), ref + rb, 1e-6)
+        assert_close("relu+bias", cublas.matmul(da, db, bias=to_dev(cp, bias), relu=True),
+                     np.maximum(ref + rb, 0.0), 1e-6)
+        assert_close("relu", cublas.matmul(da, db, relu=True), np.maximum(ref, 0.0), 1e-6)
+        # into a column block of a wider buffer, with bias
+        buf = nan_like(cp, (M, N + 9))
+        cublas.matmul(da, db, out=buf[:, 5 : 5 + N], bias=to_dev(cp, bias))
+        assert_close("bias into view", buf[:, 5 : 5 + N], ref + rb, 1e-6)
+        # weight gradient x.T @ dy with the bias gradient dy.sum(0)
+        x, dy = rng.normal(size=(M, Kd)), rng.normal(size=(M, N))
+        gw, gb = nan_like(cp, (Kd, N)), nan_like(cp, (N,))
+        cublas.matmul(to_dev(cp, x).T, _operand(cp, dy, tb), out=gw, bias_grad=gb)
+        x32, dy32 = host64(x.astype(np.float32)), host64(dy.astype(np.float32))
+        assert_close("dW", gw, x32.T @ dy32, 1e-6)
+        assert_close("db", gb, dy32.sum(axis=0), 1e-6)
+    finally:
+        cublaslt.set_enabled(True)
+
+
+def test_matmul_epilogues_under_tf32(cp, rng):
+    """The configuration the trainer runs: TF32 tensor cores (relative error ~1e-3)."""
+    from foxhunt_core.gpu import cublas
+
+    cublas.set_tf32(True)
+    try:
+        M, Kd, N = 4099, 256, 153
+        a, b, bias = rng.normal(size=(M, Kd)), rng.normal(size=(Kd, N)), rng.normal(size=N)
+        got = cublas.matmul(to_dev(cp, a), to_dev(cp, b), bias=to_dev(cp, bias), relu=True)
+        assert_close("relu+bias tf32", got, np.maximum(a @ b + bias, 0.0), 5e-3)
+        dy = rng.normal(size=(M, N))
+        gw, gb = nan_like(cp, (Kd, N)), nan_like(cp, (N,))
+        cublas.matmul(to_dev(cp, a).T, to_dev(cp, dy), out=gw, bias_grad=gb)
+        assert_close("dW tf32", gw, a.T @ dy, 5e-3)
+        assert_close("db tf32", gb, dy.sum(axis=0), 5e-3)
+    finally:
+        cublas.set_tf32(False)

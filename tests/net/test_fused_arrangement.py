@@ -65,9 +65,6 @@ def _kernels() -> types.SimpleNamespace:
     """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
     branch subsets and skipped outputs as the kernels do."""
 
-    def bias_relu_forward(x, bias, *, out=None):
-        return _put(out, R.bias_relu_forward(x, bias))
-
     def vsn_forward(h2, mpre, *, bias=None, m=None, z=None):
         rm, rz = R.vsn_forward(h2, mpre, bias)
         return _put(m, rm), _put(z, rz)
@@ -112,16 +109,20 @@ def _kernels() -> types.SimpleNamespace:
         return dv, dadv
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
-        bias_relu_forward, vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward,
+        vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward,
         dueling_softmax_forward, dueling_backward)})
 
 
 def _blas() -> types.SimpleNamespace:
-    def matmul(a, b, out=None, beta=0.0):
-        if out is None:
-            return a @ b
-        out[...] = a @ b if beta == 0.0 else a @ b + beta * out  # cuBLAS ignores C when beta = 0
-        return out
+    def matmul(a, b, out=None, beta=0.0, bias=None, relu=False, bias_grad=None):
+        r = a @ b if out is None or beta == 0.0 else a @ b + beta * out  # cuBLAS ignores C when beta = 0
+        if bias is not None:
+            r = r + bias
+        if relu:
+            r = L.relu(r)
+        if bias_grad is not None:
+            bias_grad[...] = b.sum(axis=0)
+        return _put(out, r)
 
     def matmul_group(a_list, b_list, outs, beta=0.0):
         for a, b, o in zip(a_list, b_list, outs):
@@ -135,7 +136,6 @@ def numpy_fused(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _numpy_cupy())
     monkeypatch.setattr(fused, "K", _kernels())
     monkeypatch.setattr(fused, "cublas", _blas())
-    monkeypatch.setattr(fused, "_ONES", {})
     return fused
 
 

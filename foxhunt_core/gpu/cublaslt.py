@@ -1,0 +1,188 @@
+"""float32 GEMMs through cuBLASLt, with the bias, ReLU + bias and bias-gradient epilogues.
+
+:mod:`foxhunt_core.gpu.cublas` sends every 2-D float32 product here first. cuBLASLt picks its
+kernel by a heuristic that knows the operands' alignment and has a workspace (on the H200 it
+often chooses faster kernels than ``cublasGemmEx`` for the network's tall-skinny shapes), and it
+can fuse into the GEMM what would otherwise be separate passes over the output:
+
+* ``bias`` (``EPILOGUE_BIAS``) and ``relu`` with it (``EPILOGUE_RELU_BIAS``): ``relu(a @ b + bias)``;
+* ``bias_grad`` (``EPILOGUE_BGRADA``): for a weight gradient ``x.T @ dy`` also the column sums of
+  ``dy`` — the bias gradient — from the same read of ``dy``.
+
+A plan (descriptors, layouts and the chosen algorithm) is made once per shape, layout, alignment
+and epilogue and cached; making one calls only host functions, so it is allowed inside a stream
+capture. :func:`matmul` returns False when cuBLASLt offers no algorithm (the caller then falls
+back to ``cublasGemmEx``), so an epilogue the library does not support for a case costs speed,
+never correctness.
+
+Column-major view of a row-major product, as in :mod:`.cublas`: ``out [M, N] = a [M, K] @ b [K, N]``
+is ``D [N, M] = b' [N, K] * a' [K, M]``, so cuBLASLt's A is our ``b``, its B our ``a``, its rows
+``m = N`` (the output features: the bias runs along them) and ``k = K``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Any
+
+EPI_DEFAULT, EPI_RELU, EPI_BIAS, EPI_RELU_BIAS, EPI_BGRADA = 1, 2, 4, 6, 256
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
+_PREF_MAX_WORKSPACE = 1
+_PREF_MIN_ALIGN = (5, 6, 7, 8)  # A, B, C, D
+R_32F = 0
+WORKSPACE_BYTES = 32 << 20
+
+_lib: Any = None
+_handles: dict[int, tuple[Any, Any]] = {}
+_plans: dict[tuple, Any] = {}
+_enabled = True
+
+
+class _Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _Heuristic(ctypes.Structure):
+    _fields_ = [("algo", _Algo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+class CublasLtError(RuntimeError):
+    pass
+
+
+def set_enabled(enabled: bool) -> None:
+    """Route float32 GEMMs through cuBLASLt (default) or straight to ``cublasGemmEx``."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def _load() -> Any:
+    global _lib
+    if _lib is None:
+        import cupy  # noqa: F401 - CuPy's CUDA libraries are loaded first
+
+        names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+        found = ctypes.util.find_library("cublasLt")
+        if found:
+            names.append(found)
+        last = None
+        for n in names:
+            try:
+                _lib = ctypes.CDLL(n)
+                break
+            except OSError as exc:
+                last = exc
+        if _lib is None:
+            raise CublasLtError(f"cannot load libcublasLt ({last})")
+        vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        pvp = ctypes.POINTER(vp)
+        _lib.cublasLtCreate.argtypes = [pvp]
+        _lib.cublasLtMatmulDescCreate.argtypes = [pvp, i, i]
+        _lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i, vp, sz]
+        _lib.cublasLtMatrixLayoutCreate.argtypes = [pvp, i, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+        _lib.cublasLtMatmulPreferenceCreate.argtypes = [pvp]
+        _lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
+        _lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [
+            vp, vp, vp, vp, vp, vp, vp, i, ctypes.POINTER(_Heuristic), ctypes.POINTER(i)]
+        _lib.cublasLtMatmul.argtypes = [
+            vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(_Algo), vp, sz, vp]
+    return _lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasLtError(f"{what} failed with cuBLAS status {status}")
+
+
+def _handle() -> tuple[Any, Any]:
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    h = _handles.get(dev)
+    if h is None:
+        lib = _load()
+        ptr = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(ptr)), "cublasLtCreate")
+        h = _handles[dev] = (ptr, cupy.cuda.memory.alloc(WORKSPACE_BYTES))  # outside any pool
+    return h
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two (up to 256) that divides ``ptr``."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def _set(fn: Any, obj: Any, attr: int, value: Any) -> None:
+    _check(fn(obj, attr, ctypes.byref(value), ctypes.sizeof(value)), "cublasLt set attribute")
+
+
+class _Plan:
+    def __init__(self, compute: int, op_a: int, op_b: int, m: int, n: int, k: int, lda: int, ldb: int,
+                 ldc: int, epilogue: int, aligns: tuple[int, ...], bias_ptr: int) -> None:
+        lib = _load()
+        vp = ctypes.c_void_p
+        self.desc = vp()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute, R_32F), "cublasLtMatmulDescCreate")
+        sd = lib.cublasLtMatmulDescSetAttribute
+        _set(sd, self.desc, _DESC_TRANSA, ctypes.c_int32(op_a))
+        _set(sd, self.desc, _DESC_TRANSB, ctypes.c_int32(op_b))
+        _set(sd, self.desc, _DESC_EPILOGUE, ctypes.c_uint32(epilogue))
+        if bias_ptr:
+            _set(sd, self.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
+        # Stored shapes (column-major): op(A) is m x k, op(B) is k x n, C and D are m x n.
+        a_rows, a_cols = (m, k) if op_a == 0 else (k, m)
+        b_rows, b_cols = (k, n) if op_b == 0 else (n, k)
+        self.layouts = []
+        for rows, cols, ld in ((a_rows, a_cols, lda), (b_rows, b_cols, ldb), (m, n, ldc)):
+            lay = vp()
+            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), R_32F, rows, cols, ld),
+                   "cublasLtMatrixLayoutCreate")
+            self.layouts.append(lay)
+        pref = vp()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        sp = lib.cublasLtMatmulPreferenceSetAttribute
+        _set(sp, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(WORKSPACE_BYTES))
+        for attr, al in zip(_PREF_MIN_ALIGN, aligns):
+            _set(sp, pref, attr, ctypes.c_uint32(al))
+        self.result = _Heuristic()
+        count = ctypes.c_int(0)
+        h, _ = _handle()
+        la, lb, lc = self.layouts
+        status = lib.cublasLtMatmulAlgoGetHeuristic(
+            h, self.desc, la, lb, lc, lc, pref, 1, ctypes.byref(self.result), ctypes.byref(count))
+        self.ok = status == 0 and count.value > 0 and self.result.state == 0
+        self.epilogue = epilogue
+
+
+def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: int, lda: int,
+           b_ptr: int, ldb: int, c_ptr: int, ldc: int, beta: float, stream_ptr: int,
+           epilogue: int = EPI_DEFAULT, bias_ptr: int = 0) -> bool:
+    """``D = A op B (+ beta C)`` with ``epilogue`` in cuBLASLt's column-major terms (D is C, in
+    place); False, and nothing launched, when cuBLASLt has no algorithm for the case."""
+    import cupy
+
+    aligns = (_alignment(a_ptr), _alignment(b_ptr), _alignment(c_ptr), _alignment(c_ptr))
+    key = (cupy.cuda.Device().id, compute, op_a, op_b, m, n, k, lda, ldb, ldc, epilogue, aligns,
+           _alignment(bias_ptr) if bias_ptr else 0)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _Plan(compute, op_a, op_b, m, n, k, lda, ldb, ldc, epilogue, aligns, bias_ptr)
+    if not plan.ok:
+        return False
+    lib = _load()
+    if bias_ptr:  # the plan is shared by every call of this shape: point it at this call's vector
+        _set(lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
+    h, workspace = _handle()
+    alpha, cbeta = ctypes.c_float(1.0), ctypes.c_float(beta)
+    la, lb, lc = plan.layouts
+    vp = ctypes.c_void_p
+    _check(lib.cublasLtMatmul(h, plan.desc, ctypes.byref(alpha), vp(a_ptr), la, vp(b_ptr), lb,
+                              ctypes.byref(cbeta), vp(c_ptr), lc, vp(c_ptr), lc, ctypes.byref(plan.result.algo),
+                              vp(workspace.ptr), WORKSPACE_BYTES, vp(stream_ptr)), "cublasLtMatmul")
+    return True
