@@ -152,28 +152,24 @@ def _out_operand(out: Any, M: int, N: int, dtype: Any, who: str) -> int:
     return max(ld, 1)
 
 
-def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = None, relu: bool = False,
-           bias_grad: Any = None) -> Any:
+def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = None, relu: bool = False) -> Any:
     """``a @ b`` for 2-D/2-D, 3-D/2-D and 3-D/3-D (batched) float32/float64 CuPy arrays.
 
     For 2-D operands ``out`` may be given: a row-major view (any row stride, e.g. a column block
-    of a wider buffer), which receives ``a @ b + beta * out``. Also for 2-D operands:
+    of a wider buffer), which receives ``a @ b + beta * out``. Also for 2-D operands,
+    ``bias`` [N] is added to every row and ``relu`` applied after it: ``relu(a @ b + bias)``.
 
-    * ``bias`` [N] is added to every row and ``relu`` applied after it: ``relu(a @ b + bias)``;
-    * ``bias_grad`` [N] receives the column sums of ``b`` (for a weight gradient ``x.T @ dy``,
-      the bias gradient ``dy.sum(0)``).
-
-    float32 products go through cuBLASLt (:mod:`.cublaslt`), which fuses these into the GEMM
-    where it can; otherwise, and for float64, ``cublasGemmEx`` and separate passes.
+    float32 products go through cuBLASLt (:mod:`.cublaslt`), which fuses the bias and the ReLU
+    into the GEMM where it can; otherwise, and for float64, ``cublasGemmEx`` and separate passes.
     """
     import cupy
 
     if a.dtype != b.dtype:
         raise TypeError(f"cublas matmul: dtypes differ ({a.dtype}, {b.dtype})")
-    extras = bias is not None or relu or bias_grad is not None
+    extras = bias is not None or relu
     if a.ndim == 3 and b.ndim == 2:
         if out is not None or extras:
-            raise ValueError("cublas matmul: out, bias, relu and bias_grad need 2-D operands")
+            raise ValueError("cublas matmul: out, bias and relu need 2-D operands")
         a2 = a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
         return matmul(a2.reshape(-1, a.shape[2]), b).reshape(a.shape[0], a.shape[1], b.shape[1])
     if a.ndim != b.ndim or a.ndim not in (2, 3):
@@ -183,13 +179,10 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     if b.shape[-2] != K or (a.ndim == 3 and a.shape[0] != b.shape[0]):
         raise ValueError(f"cublas matmul: shapes {a.shape} and {b.shape} do not align")
     if a.ndim == 3 and (out is not None or extras):
-        raise ValueError("cublas matmul: out, bias, relu and bias_grad need 2-D operands")
-    if bias is not None and bias_grad is not None:
-        raise ValueError("cublas matmul: bias and bias_grad cannot be combined")
-    for name, vec in (("bias", bias), ("bias_grad", bias_grad)):
-        if vec is not None and (vec.dtype != a.dtype or vec.shape != (N,) or not vec.flags.c_contiguous):
-            raise ValueError(f"cublas matmul: {name} must be a contiguous [{N}] {a.dtype} vector, "
-                             f"got {vec.shape} {vec.dtype}")
+        raise ValueError("cublas matmul: out, bias and relu need 2-D operands")
+    if bias is not None and (bias.dtype != a.dtype or bias.shape != (N,) or not bias.flags.c_contiguous):
+        raise ValueError(f"cublas matmul: bias must be a contiguous [{N}] {a.dtype} vector, "
+                         f"got {bias.shape} {bias.dtype}")
     batch = a.shape[0] if a.ndim == 3 else 1
     if out is None:
         if beta != 0.0:
@@ -201,9 +194,7 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     if M == 0 or N == 0 or batch == 0 or K == 0:
         if K == 0 and beta == 0.0:
             out.fill(0)
-        if bias_grad is not None:
-            bias_grad.fill(0)
-        if bias is not None or relu:
+        if extras:
             _epilogue_passes(out, bias, relu)
         return out
     dtype_id, compute, scalar = _types(a.dtype)
@@ -216,13 +207,11 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
             epi, vec = (cublaslt.EPI_RELU_BIAS if relu else cublaslt.EPI_BIAS), bias.data.ptr
         elif relu:
             epi = cublaslt.EPI_RELU
-        elif bias_grad is not None:
-            epi, vec = cublaslt.EPI_BGRADA, bias_grad.data.ptr
         args = (compute, op_b, op_a, N, M, K, b.data.ptr, ldb, a.data.ptr, lda, out.data.ptr, ldc, beta, stream)
         if cublaslt.matmul(*args, epilogue=epi, bias_ptr=vec):
             return out
         if epi != cublaslt.EPI_DEFAULT and cublaslt.matmul(*args):
-            _epilogue_passes(out, bias, relu, bias_grad, b)
+            _epilogue_passes(out, bias, relu)
             return out
     h = _handle()
     alpha, cbeta = scalar(1.0), scalar(beta)
@@ -234,7 +223,7 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
             dtype_id, ldc, compute, GEMM_DEFAULT)
         _check(st, "cublasGemmEx")
         if extras:
-            _epilogue_passes(out, bias, relu, bias_grad, b)
+            _epilogue_passes(out, bias, relu)
     else:
         isz = a.itemsize
         st = lib.cublasGemmStridedBatchedEx(
@@ -260,16 +249,19 @@ def ones_row(rows: int, dtype: Any) -> Any:
     return ones
 
 
-def _epilogue_passes(out: Any, bias: Any, relu: bool, bias_grad: Any = None, b: Any = None) -> None:
+def _epilogue_passes(out: Any, bias: Any, relu: bool) -> None:
     """The epilogues as separate passes (where the GEMM could not fuse them)."""
     import cupy
 
+    if bias is not None and relu and out.dtype == cupy.float32 and out.flags.c_contiguous:
+        from .kernels import bias_relu_forward
+
+        bias_relu_forward(out, bias, out=out)  # one pass
+        return
     if bias is not None:
         out += bias
     if relu:
         cupy.maximum(out, 0, out=out)
-    if bias_grad is not None:
-        matmul(ones_row(b.shape[0], b.dtype), b, out=bias_grad.reshape(1, -1))
 
 
 def _stride(arrays: Sequence[Any]) -> int | None:
