@@ -80,10 +80,15 @@ def diff(
     a: Path = typer.Argument(..., help="The flag file before."),
     b: Path = typer.Argument(..., help="The flag file after."),
 ) -> None:
-    """What changes from flag file A to flag file B: enabled plugins, options and run settings."""
+    """What changes from flag file A to flag file B: enabled plugins, options and run settings.
+
+    Exits 0 when the files are equivalent, 1 when they differ (as diff(1) does), 2 on bad input.
+    """
     fa, fb = _load(a), _load(b)
     lines = diff_flags(fa, fb, fb.registry or _registry())
     typer.echo("\n".join(lines) if lines else "no differences")
+    if lines:
+        raise typer.Exit(1)
 
 
 @flags_app.command("stage")

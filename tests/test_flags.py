@@ -135,14 +135,14 @@ def test_schema_command_describes_every_field():
 
 def test_diff_command():
     res = CliRunner().invoke(app, ["flags", "diff", str(STAGES[0]), str(STAGES[-1])])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # the files differ, as diff(1) reports it
     assert res.stdout.splitlines() == ["+ plugins.q_mean_center: enabled", "+ plugins.atom_entropy: enabled"]
     reg = discover()
     a = parse_flags(_doc({"q_mean_center": {"enabled": True}}, run={"seed": 1}), registry=reg)
     b = parse_flags(_doc({"q_mean_center": {"enabled": True, "use_cuda_kernel": False}}, run={"seed": 2}), registry=reg)
     assert diff_flags(a, b, reg) == ["~ plugins.q_mean_center.use_cuda_kernel: True -> False", "~ run.seed: 1 -> 2"]
     res = CliRunner().invoke(app, ["flags", "diff", str(STAGES[1]), str(STAGES[1])])
-    assert res.stdout.strip() == "no differences"
+    assert res.stdout.strip() == "no differences" and res.exit_code == 0
 
 
 def test_stage_command(tmp_path):
