@@ -46,6 +46,20 @@ def gemm_flops(net, B: int) -> float:
     return 2.0 * B * (3 * fwd + 2 * fwd - first_dx)
 
 
+def random_batch(B: int, seed: int = 1) -> dict:
+    """A replay batch of ``B`` random transitions on the device (stage-0 shapes)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
+        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
+        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
+        "terminal": cp.zeros(B, dtype=cp.float32),
+    }
+
+
 def time_cuda(fn, repeats: int, sync) -> list[float]:
     import cupy as cp
 
@@ -81,14 +95,7 @@ def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
 
     settings = RunSettings()
     agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))
-    rng = np.random.default_rng(1)
-    batch = {
-        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
-        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
-        "terminal": cp.zeros(B, dtype=cp.float32),
-    }
+    batch = random_batch(B)
     coeff = cp.asarray(0.001, dtype=cp.float32)
     if graphs:
         g = GraphedUpdate(agent, B)
@@ -141,7 +148,14 @@ def bench_torch(B: int, repeats: int, kind: str) -> float:
         fn = g.replay
     else:
         fn = eager
-    for _ in range(10):
+    return statistics.median(time_torch(fn, repeats, warmup=10))
+
+
+def time_torch(fn, repeats: int, warmup: int = 3) -> list[float]:
+    """ms of each of ``repeats`` calls of ``fn``, timed with torch CUDA events after ``warmup`` calls."""
+    import torch
+
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
@@ -152,7 +166,7 @@ def bench_torch(B: int, repeats: int, kind: str) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return times
 
 
 def gemm_ceiling(B: int, k: int, n: int, repeats: int) -> float:

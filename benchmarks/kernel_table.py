@@ -14,7 +14,13 @@ import os
 
 os.environ.setdefault("CUPY_TF32", "1")
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_update import random_batch  # noqa: E402
 
 
 def main() -> int:
@@ -35,14 +41,7 @@ def main() -> int:
     cublas.set_tf32(True)
     B = args.batch
     agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
-    rng = np.random.default_rng(1)
-    batch = {
-        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
-        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
-        "terminal": cp.zeros(B, dtype=cp.float32),
-    }
+    batch = random_batch(B)
     coeff = cp.asarray(0.001, dtype=cp.float32)
     for _ in range(3):
         agent.update(batch, coeff)

@@ -20,7 +20,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_update import time_cuda  # noqa: E402
+from bench_update import random_batch, time_cuda  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -48,13 +48,7 @@ def main() -> int:
     B = args.batch
     agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
     rng = np.random.default_rng(1)
-    batch = {
-        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
-        "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
-        "terminal": cp.zeros(B, dtype=cp.float32),
-    }
+    batch = random_batch(B)
     net, on = agent.net, agent.online
     out = net.forward(on, batch["obs"], keep_cache=True)
     dl = cp.asarray(rng.normal(size=out.log_probs.shape) * 1e-4, dtype=cp.float32)

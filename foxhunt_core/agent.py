@@ -135,19 +135,21 @@ class Agent:
         tgt_probs = self.net.forward(self.target, nxt).probs  # [B, A, N]
         idx = a_star + self.branch_base
         p_next = self.xp.take_along_axis(tgt_probs, idx[:, :, None], axis=1)  # [B, D, N]
-        disc = (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
-        return p_next, disc
+        return p_next, self._discount(batch)
+
+    def _discount(self, batch: dict[str, Array]) -> Array:
+        """``gamma (1 - terminal)`` [B]."""
+        return (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
 
     def _bootstrap_fused(self, batch: dict[str, Array]) -> tuple[Array, Array, Array]:
         """:meth:`bootstrap` on the fused GPU path, without the gather: the target network's
         probabilities of every action [B, A, N] (nothing else is written), the absolute index of
         each branch's bootstrap action [B, D] and the discounts; the loss kernel reads the rows."""
         nxt = batch["next_obs"]
-        sel = self._qpipe(self.online, self.net.forward(self.online, nxt, outputs=("q", "var")))
+        sel = self._qpipe(self.online, self.net.forward(self.online, nxt, outputs=("q",)))
         a_star = branch_argmax(sel.q_coord, self.offsets) + self.branch_base
         tgt_probs = self.net.forward(self.target, nxt, outputs=("probs",)).probs
-        disc = (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
-        return tgt_probs, a_star, disc
+        return tgt_probs, a_star, self._discount(batch)
 
     def targets(self, batch: dict[str, Array]) -> Array:
         """Projected C51 targets [B, num_branches, N] for a batch."""
@@ -173,7 +175,8 @@ class Agent:
         out = self.net.forward(self.online, obs, keep_cache=True)
         idx = act + self.branch_base  # taken action per branch, [B, D]
         D = idx.shape[1]
-        if self.net.fused(obs):
+        fused = self.net.fused(obs)
+        if fused:
             # Bootstrap, projection, loss and its gradient over all actions: the gathers of the
             # chosen rows and the scatter of the gradient happen inside the loss kernel.
             from .gpu import kernels as K
@@ -194,9 +197,7 @@ class Agent:
 
         q = self._qpipe(self.online, out, keep_cache=True)
         y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
-        if self.net.fused(obs):
-            from .gpu import kernels as K
-
+        if fused:
             err = K.gather_actions(xp.ascontiguousarray(q.q_coord), idx, self.offsets) - y
             aux = t.aux_weight * (err * err).mean()
             dq = K.scatter_actions(xp.ascontiguousarray(2.0 * t.aux_weight / (B * D) * err), idx, self.offsets)

@@ -5,7 +5,8 @@ update, so that an update is cuBLAS GEMMs plus a few fused kernels, capturable a
   :mod:`.qkernels` (attention, Q-statistics, Boltzmann) and :mod:`.optim` (Adam) hold some of them.
 - :mod:`.launch` — kernel loading (``backend.load_module``), default compile-time sizes, grids.
 - :mod:`.cublas` / :mod:`.cublaslt` — GEMMs through ctypes bindings usable inside a stream
-  capture: ``cublasGemmEx`` (batched, float64) and cuBLASLt (float32, bias/ReLU epilogues).
+  capture: ``cublasGemmEx`` (batched, float64) and cuBLASLt (float32, bias/ReLU epilogues);
+  :mod:`.cudalib` opens the libraries.
 - :mod:`.flat` — :class:`FlatTree`, one flat buffer per parameter tree with per-tensor views.
 - :mod:`.philox` — Philox4x32-10 in NumPy, the twin of the kernels' generator.
 - :mod:`.reference` — the NumPy twins that the parity tests in ``tests/gpu`` compare against.

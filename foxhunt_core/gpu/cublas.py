@@ -16,12 +16,12 @@ row-major ``A [M, K]`` and ``B [K, N]`` is computed as the column-major ``C^T = 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from . import cublaslt
+from .cudalib import open_library
 
 OP_N, OP_T = 0, 1
 R_32F, R_64F = 0, 1
@@ -54,19 +54,7 @@ def _load() -> Any:
         import cupy  # noqa: F401 - makes sure CuPy's libcublas is loaded first
         from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401
 
-        names = [n for n in ("libcublas.so.13", "libcublas.so.12", "libcublas.so") if n]
-        found = ctypes.util.find_library("cublas")
-        if found:
-            names.append(found)
-        last = None
-        for n in names:
-            try:
-                _lib = ctypes.CDLL(n)
-                break
-            except OSError as exc:
-                last = exc
-        if _lib is None:
-            raise CublasError(f"cannot load libcublas ({last})")
+        _lib = open_library("cublas", CublasError)
         vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
         _lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
         _lib.cublasSetStream_v2.argtypes = [vp, vp]

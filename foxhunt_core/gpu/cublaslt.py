@@ -22,8 +22,9 @@ is ``D [N, M] = b' [N, K] * a' [K, M]``, so cuBLASLt's A is our ``b``, its B our
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Any
+
+from .cudalib import open_library
 
 EPI_DEFAULT, EPI_RELU, EPI_BIAS, EPI_RELU_BIAS = 1, 2, 4, 6
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
@@ -66,19 +67,7 @@ def _load() -> Any:
     if _lib is None:
         import cupy  # noqa: F401 - CuPy's CUDA libraries are loaded first
 
-        names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
-        found = ctypes.util.find_library("cublasLt")
-        if found:
-            names.append(found)
-        last = None
-        for n in names:
-            try:
-                _lib = ctypes.CDLL(n)
-                break
-            except OSError as exc:
-                last = exc
-        if _lib is None:
-            raise CublasLtError(f"cannot load libcublasLt ({last})")
+        _lib = open_library("cublasLt", CublasLtError)
         vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         pvp = ctypes.POINTER(vp)
         _lib.cublasLtCreate.argtypes = [pvp]
