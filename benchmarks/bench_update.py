@@ -75,14 +75,19 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
     return out
 
 
-def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True) -> float:
+def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False) -> float:
+    """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
+    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up)."""
     from foxhunt_core.gpu import cublaslt
 
     cublaslt.set_enabled(lt)
+    was = cublaslt.autotune_enabled()
+    cublaslt.set_autotune(tune)
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
         cublaslt.set_enabled(True)
+        cublaslt.set_autotune(was)
 
 
 def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
@@ -202,6 +207,7 @@ def main() -> int:
         res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True)
         res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False)
         res["foxhunt gemmex"] = bench_foxhunt(B, args.repeats, graphs=True, lt=False)
+        res["foxhunt tuned"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True)
         if not args.skip_torch:
             for kind in ("eager", "compile", "graph", "compile+graph"):
                 try:
@@ -215,8 +221,8 @@ def main() -> int:
         print(json.dumps(res), flush=True)
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
-    cols = ["foxhunt", "foxhunt eager", "foxhunt gemmex", "torch eager", "torch compile", "torch graph",
-            "torch compile+graph"]
+    cols = ["foxhunt", "foxhunt tuned", "foxhunt eager", "foxhunt gemmex", "torch eager", "torch compile",
+            "torch graph", "torch compile+graph"]
     cols = [c for c in cols if c in rows[0]]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")
@@ -225,8 +231,18 @@ def main() -> int:
         ratio = torch_best / r["foxhunt"]
         print(f"| {r['batch']} | " + " | ".join(f"{r[c]:.3f}" for c in cols)
               + f" | {ratio:.2f}x | {r['gemm_tflops']:.0f} ({r['ceiling_tflops']:.0f}) |")
+    from foxhunt_core.gpu import cublaslt
+
+    tuned = cublaslt.tuning_report()
+    changed = [t for t in tuned if t["chosen"]]
+    print(f"\ncuBLASLt autotuning ('foxhunt tuned'): {len(tuned)} GEMM shapes, {len(changed)} given another "
+          "algorithm than the heuristic's first:")
+    for t in changed:  # cuBLASLt's column-major terms: the row-major product is [n, k] @ [k, m]
+        print(f"  [{t['n']}, {t['k']}] @ [{t['k']}, {t['m']}] ops {t['ops']} epilogue {t['epilogue']}: "
+              f"{t['first_ms'] * 1e3:.1f} -> {t['best_ms'] * 1e3:.1f} us "
+              f"(candidate {t['chosen']} of {t['candidates']})")
     if args.json:
-        args.json.write_text(json.dumps({"gpu": name, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"gpu": name, "rows": rows, "tuning": tuned}, indent=2))
     return 0
 
 

@@ -86,10 +86,15 @@ class Agent:
         flat = None
         if xp is not np and np.dtype(dtype) == np.float32:
             from .gpu.flat import FlatTree
+            from .net.fused import storage_shapes
 
-            flat = FlatTree.from_tree(self.online)  # one buffer; its views are the parameters
+            # One buffer whose views are the parameters, with the weights the fused path pads
+            # kept in zero-padded blocks; the target network has the same layout.
+            flat = FlatTree.from_tree(self.online, storage={"core": storage_shapes(self.net)})
             self.online = flat.tree
-        self.target: Tree = tree_copy(self.online)
+            self.target: Tree = flat.copy().tree
+        else:
+            self.target = tree_copy(self.online)
         t = settings.train
         self.opt = Adam(self.online, t.lr, tuple(t.adam_betas), t.adam_eps, t.grad_clip)
         if flat is not None:

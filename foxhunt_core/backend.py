@@ -25,11 +25,12 @@ def cuda_available() -> bool:
         return False
 
 
-def select(device: str, tf32: bool = True) -> tuple[Any, str]:
+def select(device: str, tf32: bool = True, gemm_autotune: bool = False) -> tuple[Any, str]:
     """``(xp, name)`` for ``auto``, ``cpu`` or ``cuda``.
 
     ``tf32`` lets cuBLAS use TF32 tensor cores for float32 GEMMs (CuPy reads ``CUPY_TF32`` when it
-    is first imported, so this must run before anything imports CuPy).
+    is first imported, so this must run before anything imports CuPy); ``gemm_autotune`` switches
+    on cuBLASLt's algorithm timing (:func:`foxhunt_core.gpu.cublaslt.set_autotune`).
     """
     if device == "cpu":
         return np, "cpu"
@@ -39,9 +40,10 @@ def select(device: str, tf32: bool = True) -> tuple[Any, str]:
         if cuda_available():
             import cupy
 
-            from .gpu import cublas
+            from .gpu import cublas, cublaslt
 
             cublas.set_tf32(tf32)
+            cublaslt.set_autotune(gemm_autotune)
             return cupy, "cuda"
         if device == "cuda":
             raise BackendError("device 'cuda' requested but CuPy or a CUDA GPU is not available")

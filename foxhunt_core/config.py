@@ -94,6 +94,7 @@ class TrainSettings(_Strict):
     gpu_collection: bool = Field(True, description="On the GPU, keep market, environment and replay on the device (off: the CPU environment feeds the GPU agent).")
     cuda_graphs: bool = Field(True, description="On the GPU, capture the update as a CUDA graph and replay it (off: launch eagerly).")
     tf32: bool = Field(True, description="On the GPU, let cuBLAS use TF32 tensor cores for float32 GEMMs.")
+    gemm_autotune: bool = Field(False, description="On the GPU, time cuBLASLt's candidate algorithms for each GEMM shape once and keep the fastest (a few percent faster; the choice depends on timing, so runs are not bitwise reproducible).")
 
 
 class RunSettings(_Strict):

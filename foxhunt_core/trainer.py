@@ -75,7 +75,7 @@ class Trainer:
         self.options = options or {}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.flags_text, self.flags_sha256 = flags_text, flags_sha256
-        self.xp, self.device = backend.select(settings.device, settings.train.tf32)
+        self.xp, self.device = backend.select(settings.device, settings.train.tf32, settings.train.gemm_autotune)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.out_dir / "log.jsonl" if self.out_dir else None, console=console)

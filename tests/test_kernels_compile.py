@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from foxhunt_core.gpu.kernels import DEFAULT_DEFINES
+from foxhunt_core.gpu.launch import branch_defines
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE_SOURCES = sorted((ROOT / "foxhunt_core" / "kernels").glob("*.cu"))
@@ -26,10 +27,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 # The kernels of one training update take every size from the preamble; compile them for sizes
 # other than the defaults too: fewer atoms than a warp, three uneven branches, wider attention.
 SIZE_GENERIC = ("adam", "attention", "boltzmann", "c51_loss", "dueling", "elementwise", "qstats")
-OTHER_DEFINES = {
-    "NUM_ATOMS": "21", "NUM_ACTIONS": "7", "NUM_BRANCHES": "3", "BRANCH_OFFSETS": "{0,2,5,7}",
-    "MAX_BRANCH_SIZE": "3", "BRANCH_OF_ACTION": "{0,0,1,1,1,2,2}", "ATTN_DIM": "16",
-}
+# 21 atoms, branches of 2, 3 and 2 actions, advantage blocks padded to 4 floats (44, 64, 44).
+OTHER_DEFINES = {**branch_defines((0, 2, 5, 7), 21, head_align=4), "ATTN_DIM": "16"}
 
 
 def _rel(p: Path) -> str:

@@ -8,11 +8,21 @@ can fuse into the GEMM what would otherwise be a separate pass over the output: 
 (Its bias-gradient epilogue, ``BGRADA``, was measured on the H200 and is not used: it runs as a
 separate kernel, about four times slower than the gemv the backward uses instead.)
 
-A plan (descriptors, layouts and the chosen algorithm) is made once per shape, layout, alignment
-and epilogue and cached; making one calls only host functions, so it is allowed inside a stream
-capture. :func:`matmul` returns False when cuBLASLt offers no algorithm (the caller then falls
-back to ``cublasGemmEx``), so an epilogue the library does not support for a case costs speed,
-never correctness.
+A plan (descriptors, layouts and up to :data:`CANDIDATES` algorithms, the heuristic's best
+first) is made once per shape, layout, alignment and epilogue and cached; making one calls only
+host functions, so it is allowed inside a stream capture. :func:`matmul` returns False when
+cuBLASLt offers no algorithm (the caller then falls back to ``cublasGemmEx``), so an epilogue the
+library does not support for a case costs speed, never correctness.
+
+Autotuning (:func:`set_autotune`; off by default, on when ``FOXHUNT_LT_AUTOTUNE=1``): with it off
+every call runs the heuristic's first algorithm. With it on, the first call of a plan made while
+its stream is not capturing times every candidate on the stream (CUDA events, the median of
+several launches after warm-up ones) into a scratch copy of the output, keeps the fastest in the
+plan, then makes the real call once; the output is written by that call only. Later calls, inside
+a capture too, use the kept algorithm. A plan first used during a capture runs the heuristic's
+first algorithm there (timing would synchronize and allocate) and is tuned at its first call
+outside one. The choice depends on timing, so tuned runs are not bitwise reproducible from run to
+run. :func:`tuning_report` lists what was measured and chosen.
 
 Column-major view of a row-major product, as in :mod:`.cublas`: ``out [M, N] = a [M, K] @ b [K, N]``
 is ``D [N, M] = b' [N, K] * a' [K, M]``, so cuBLASLt's A is our ``b``, its B our ``a``, its rows
@@ -22,6 +32,7 @@ is ``D [N, M] = b' [N, K] * a' [K, M]``, so cuBLASLt's A is our ``b``, its B our
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 from .cudalib import open_library
@@ -32,11 +43,18 @@ _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGN = (5, 6, 7, 8)  # A, B, C, D
 R_32F = 0
 WORKSPACE_BYTES = 32 << 20
+CANDIDATES = 8  # heuristic results asked for per plan
+_TUNE_WARMUP, _TUNE_REPEATS = 2, 5  # launches per candidate: untimed, then timed (median)
+# Before each candidate's launches the stream gets this much memset work, so the GPU is still busy
+# while the host queues them and the times are the kernels', not the host's launch overhead.
+_LEAD_BYTES, _LEAD_MEMSETS = 32 << 20, 16
 
 _lib: Any = None
 _handles: dict[int, tuple[Any, Any]] = {}
 _plans: dict[tuple, Any] = {}
 _enabled = True
+_autotune = os.environ.get("FOXHUNT_LT_AUTOTUNE", "0") == "1"
+_tuned: list[_Plan] = []  # in the order they were tuned
 
 
 class _Algo(ctypes.Structure):
@@ -60,6 +78,35 @@ def set_enabled(enabled: bool) -> None:
 
 def enabled() -> bool:
     return _enabled
+
+
+def set_autotune(enabled: bool) -> None:
+    """Time each plan's candidate algorithms at its first call outside a capture and keep the
+    fastest (on), or always run the heuristic's first (off, the default unless
+    ``FOXHUNT_LT_AUTOTUNE=1``). Plans tuned already keep their measurements either way."""
+    global _autotune
+    _autotune = bool(enabled)
+
+
+def autotune_enabled() -> bool:
+    return _autotune
+
+
+def tuning_report() -> list[dict[str, Any]]:
+    """One entry per tuned plan, in tuning order: ``m``, ``n``, ``k`` and ``ops`` (``"NT"`` is
+    op(A) = A, op(B) = B') in cuBLASLt's column-major terms (the row-major product is
+    ``[n, k] @ [k, m]``), ``compute`` and ``epilogue`` (the enums' values), ``candidates``,
+    ``chosen`` (index into them; 0 is the heuristic's first), ``times_ms`` (median per candidate,
+    None where it failed to launch), ``best_ms`` (the chosen one's) and ``first_ms`` (the heuristic
+    first's). A plan with a single candidate is listed untimed (``times_ms`` empty, the two None)."""
+    out = []
+    for p in _tuned:
+        m, n, k = p.shape
+        t = p.times_ms
+        out.append(dict(m=m, n=n, k=k, ops=p.ops, compute=p.compute, epilogue=p.epilogue,
+                        candidates=len(p.algos), chosen=p.chosen, times_ms=list(t),
+                        best_ms=t[p.chosen] if t else None, first_ms=t[0] if t else None))
+    return out
 
 
 def _load() -> Any:
@@ -138,21 +185,72 @@ class _Plan:
         _set(sp, pref, _PREF_MAX_WORKSPACE, ctypes.c_uint64(WORKSPACE_BYTES))
         for attr, al in zip(_PREF_MIN_ALIGN, aligns):
             _set(sp, pref, attr, ctypes.c_uint32(al))
-        self.result = _Heuristic()
+        results = (_Heuristic * CANDIDATES)()
         count = ctypes.c_int(0)
         h, _ = _handle()
         la, lb, lc = self.layouts
         status = lib.cublasLtMatmulAlgoGetHeuristic(
-            h, self.desc, la, lb, lc, lc, pref, 1, ctypes.byref(self.result), ctypes.byref(count))
-        self.ok = status == 0 and count.value > 0 and self.result.state == 0
-        self.epilogue = epilogue
+            h, self.desc, la, lb, lc, lc, pref, CANDIDATES, results, ctypes.byref(count))
+        found = results[: count.value] if status == 0 else []
+        self.algos = [_Algo.from_buffer_copy(r.algo) for r in found
+                      if r.state == 0 and r.workspaceSize <= WORKSPACE_BYTES]
+        self.ok = bool(self.algos)
+        self.shape, self.ops, self.compute, self.epilogue = (m, n, k), "NT"[op_a] + "NT"[op_b], compute, epilogue
+        self.tuned, self.chosen = False, 0
+        self.times_ms: list[float | None] = []
+
+
+def _capturing(stream_ptr: int) -> bool:
+    """Whether the stream is capturing; True also when that cannot be told (e.g. the legacy stream
+    while another stream captures), so that tuning waits."""
+    from cupy.cuda import runtime
+
+    try:
+        return bool(runtime.streamIsCapturing(stream_ptr))
+    except RuntimeError:
+        return True
+
+
+def _tune(plan: _Plan, launch: Any, c_ptr: int, ldc: int, beta: float, stream_ptr: int) -> None:
+    """Time each of the plan's algorithms on a scratch copy of the output, keep the fastest."""
+    import cupy
+    from cupy.cuda import runtime
+
+    rows, cols = plan.shape[0], plan.shape[1]
+    scratch = cupy.empty(ldc * cols, dtype=cupy.float32)
+    if beta != 0.0:  # C is read: give the candidates the real one (its extent, not ldc * cols)
+        runtime.memcpyAsync(scratch.data.ptr, c_ptr, ((cols - 1) * ldc + rows) * 4,
+                            runtime.memcpyDeviceToDevice, stream_ptr)
+    lead = cupy.empty(_LEAD_BYTES, dtype=cupy.uint8)
+    events = [cupy.cuda.Event() for _ in range(_TUNE_REPEATS + 1)]
+    times: list[float | None] = []
+    for algo in plan.algos:
+        for _ in range(_LEAD_MEMSETS):
+            runtime.memsetAsync(lead.data.ptr, 0, _LEAD_BYTES, stream_ptr)
+        statuses = [launch(algo, scratch.data.ptr) for _ in range(_TUNE_WARMUP)]
+        runtime.eventRecord(events[0].ptr, stream_ptr)
+        for ev in events[1:]:
+            statuses.append(launch(algo, scratch.data.ptr))
+            runtime.eventRecord(ev.ptr, stream_ptr)
+        if any(statuses):  # rejected at launch (nothing ran): not a candidate
+            times.append(None)
+            continue
+        events[-1].synchronize()
+        laps = sorted(cupy.cuda.get_elapsed_time(e0, e1) for e0, e1 in zip(events, events[1:]))
+        times.append(laps[len(laps) // 2])
+    runtime.streamSynchronize(stream_ptr)  # the scratch buffers are freed on return
+    timed = [i for i, t in enumerate(times) if t is not None]
+    plan.chosen = min(timed, key=lambda i: times[i]) if timed else 0
+    plan.times_ms, plan.tuned = times, True
+    _tuned.append(plan)
 
 
 def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: int, lda: int,
            b_ptr: int, ldb: int, c_ptr: int, ldc: int, beta: float, stream_ptr: int,
            epilogue: int = EPI_DEFAULT, bias_ptr: int = 0) -> bool:
     """``D = A op B (+ beta C)`` with ``epilogue`` in cuBLASLt's column-major terms (D is C, in
-    place); False, and nothing launched, when cuBLASLt has no algorithm for the case."""
+    place); False, and nothing launched, when cuBLASLt has no algorithm for the case. With
+    autotuning on, a plan's first call outside a stream capture first tunes it (module docstring)."""
     import cupy
 
     aligns = (_alignment(a_ptr), _alignment(b_ptr), _alignment(c_ptr), _alignment(c_ptr))
@@ -170,7 +268,17 @@ def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: in
     alpha, cbeta = ctypes.c_float(1.0), ctypes.c_float(beta)
     la, lb, lc = plan.layouts
     vp = ctypes.c_void_p
-    _check(lib.cublasLtMatmul(h, plan.desc, ctypes.byref(alpha), vp(a_ptr), la, vp(b_ptr), lb,
-                              ctypes.byref(cbeta), vp(c_ptr), lc, vp(c_ptr), lc, ctypes.byref(plan.result.algo),
-                              vp(workspace.ptr), WORKSPACE_BYTES, vp(stream_ptr)), "cublasLtMatmul")
+
+    def launch(algo: _Algo, d_ptr: int) -> int:
+        return lib.cublasLtMatmul(h, plan.desc, ctypes.byref(alpha), vp(a_ptr), la, vp(b_ptr), lb,
+                                  ctypes.byref(cbeta), vp(d_ptr), lc, vp(d_ptr), lc, ctypes.byref(algo),
+                                  vp(workspace.ptr), WORKSPACE_BYTES, vp(stream_ptr))
+
+    if _autotune and not plan.tuned and not _capturing(stream_ptr):
+        if len(plan.algos) > 1:
+            _tune(plan, launch, c_ptr, ldc, beta, stream_ptr)
+        else:
+            plan.tuned = True
+            _tuned.append(plan)
+    _check(launch(plan.algos[plan.chosen if _autotune else 0], c_ptr), "cublasLtMatmul")
     return True

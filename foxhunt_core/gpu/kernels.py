@@ -46,10 +46,12 @@ import numpy as np
 from ..backend import check_array
 from .launch import (
     DEFAULT_DEFINES,
+    HEAD_ALIGN,
     THREADS,
     blocks_for,
     branch_defines,
     f32,
+    head_columns,
     i32,
     i64,
     output,
@@ -57,6 +59,9 @@ from .launch import (
     validate_offsets,
 )
 from .launch import get_kernel as _kernel
+from .launch import (
+    padded as pad_to,
+)
 from .optim import adam_step, adam_workspace
 from .qkernels import (
     attention_backward,
@@ -121,7 +126,10 @@ def dueling_softmax_forward(
     """Dueling logits ``v + adv - mean_branch(adv)``, log-softmax over atoms, E[Q] and Var[Q].
 
     Args:
-        v: [B, N] value head; adv: [B, A, N] advantages; z: [N] support.
+        v: [B, N] value head; adv: [B, A, N] advantages; z: [N] support. Or the padded layout
+            of the GPU network: ``adv`` [B, W] with each branch's block padded to a multiple of
+            4 floats (:func:`.launch.head_columns`) and ``v`` [B, N rounded up to 4]; the
+            padding is not read.
         offsets: branch boundaries in the action axis.
         branches: ``(first, end)`` to compute only those branches (the rest of the outputs is
             left untouched), e.g. ``(0, 1)`` for the direction branch the magnitude branch reads.
@@ -132,9 +140,17 @@ def dueling_softmax_forward(
         ``(log_probs [B, A, N], probs [B, A, N], q [B, A], var [B, A])``.
     """
     k = "dueling_softmax_forward"
-    check_array(k, "adv", adv, F32, (None, None, None))
-    B, A, N = adv.shape
-    offs = validate_offsets(k, offsets, A)
+    if getattr(adv, "ndim", 0) == 2:  # the padded layout
+        check_array(k, "z", z, F32, (None,))
+        N, align = z.shape[0], HEAD_ALIGN
+        offs = validate_offsets(k, offsets, int(offsets[-1]) if len(offsets) else 0)
+        check_array(k, "adv", adv, F32, (None, head_columns(offs, N, align)[-1]))
+    else:
+        check_array(k, "adv", adv, F32, (None, None, None))
+        N, align = adv.shape[2], 1
+        offs = validate_offsets(k, offsets, adv.shape[1])
+        check_array(k, "z", z, F32, (N,))
+    B, A = adv.shape[0], offs[-1]
     D = len(offs) - 1
     d0, d1 = branches if branches is not None else (0, D)
     if not 0 <= d0 < d1 <= D:
@@ -142,8 +158,7 @@ def dueling_softmax_forward(
     unknown = set(want) - {"log_probs", "probs", "q", "var"}
     if unknown:
         raise ValueError(f"{k}: unknown outputs {sorted(unknown)} in want")
-    check_array(k, "v", v, F32, (B, N))
-    check_array(k, "z", z, F32, (N,))
+    check_array(k, "v", v, F32, (B, pad_to(N, align)))
     if v_bias is not None:
         check_array(k, "v_bias", v_bias, F32, (N,))
     if adv_bias is not None:
@@ -152,7 +167,7 @@ def dueling_softmax_forward(
     probs = output(k, "probs", probs, (B, A, N)) if "probs" in want else None
     q = output(k, "q", q, (B, A))
     var = output(k, "var", var, (B, A)) if "var" in want else None
-    fn = _kernel("dueling.cu", k, branch_defines(offs, N))
+    fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
     grid = blocks_for(B * (d1 - d0), WARPS)
     fn((grid,), (THREADS,), (v, adv, v_bias, adv_bias, z, log_probs, probs, q, var, i32(B), i32(d0), i32(d1)))
     return log_probs, probs, q, var
@@ -170,8 +185,11 @@ def dueling_backward(
     q: Array | None = None,
     dv: Array | None = None,
     dadv: Array | None = None,
+    padded: bool = False,
 ) -> tuple[Array, Array]:
-    """Backward of the dueling aggregation: ``(dv [B, N], dadv [B, A, N])``.
+    """Backward of the dueling aggregation: ``(dv [B, N], dadv [B, A, N])``, or with
+    ``padded`` in the padded layout of :func:`dueling_softmax_forward` (``dv`` [B, N rounded up
+    to 4], ``dadv`` [B, W]) with zeros written into the padding.
 
     With ``dq`` [B, A] (and the forward's ``probs``, ``q``) the expected-Q gradient
     ``dq * p * (z - q)`` is added to ``dlogits`` first — the magnitude branch's conditioning on the
@@ -195,9 +213,10 @@ def dueling_backward(
         check_array(k, "q", q, F32, (B, A))
     if accumulate_dv and dv is None:
         raise ValueError(f"{k}: accumulate_dv needs dv")
-    dv = output(k, "dv", dv, (B, N))
-    dadv = output(k, "dadv", dadv, (B, A, N))
-    fn = _kernel("dueling.cu", k, branch_defines(offs, N))
+    align = HEAD_ALIGN if padded else 1
+    dv = output(k, "dv", dv, (B, pad_to(N, align)))
+    dadv = output(k, "dadv", dadv, (B, head_columns(offs, N, align)[-1]) if padded else (B, A, N))
+    fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
     fn((blocks_for(B, WARPS),), (THREADS,),
        (dlogits, dq, probs, q, z, dv, dadv, i32(B), i32(d0), i32(d1), i32(int(accumulate_dv))))
     return dv, dadv

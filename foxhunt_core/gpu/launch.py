@@ -27,6 +27,8 @@ DEFAULT_DEFINES: dict[str, str] = {
     "MAX_BRANCH_SIZE": "3",
     "BRANCH_OF_ACTION": "{0,0,0,1,1,1,2,2,2,3,3,3}",
     "ATTN_DIM": "8",
+    "ADV_COLUMNS": "{0,153,306,459,612}",
+    "V_PITCH": "51",
 }
 
 THREADS = 256  # threads per block of the grid-stride kernels
@@ -72,8 +74,27 @@ def validate_offsets(kernel: str, offsets: Sequence[int], num_actions: int, min_
     return offs
 
 
-def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None) -> dict[str, str]:
-    """Compile-time sizes for a branch layout (and an atom count)."""
+HEAD_ALIGN = 4  # floats: cuBLAS runs a GEMM on its aligned kernels when its extents are multiples of 4
+
+
+def padded(n: int, align: int = HEAD_ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
+    return -(-int(n) // align) * align
+
+
+def head_columns(offsets: Sequence[int], num_atoms: int, align: int = 1) -> tuple[int, ...]:
+    """Where each branch's block of advantages starts in an advantage row, and the row's width
+    last: branch ``d`` holds its actions' atoms (``(o_{d+1} - o_d) N`` floats, action-major) in
+    a block padded to a multiple of ``align`` floats (1: packed, the [B, A, N] layout)."""
+    cols = [0]
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        cols.append(cols[-1] + padded((b - a) * num_atoms, align))
+    return tuple(cols)
+
+
+def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None, head_align: int = 1) -> dict[str, str]:
+    """Compile-time sizes for a branch layout (and an atom count, with the advantage and value
+    rows' layout: blocks padded to ``head_align`` floats)."""
     sizes = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
     defs = {
         "NUM_ACTIONS": str(offsets[-1]),
@@ -84,6 +105,9 @@ def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None) -> di
     }
     if num_atoms is not None:
         defs["NUM_ATOMS"] = str(int(num_atoms))
+    n = int(defs.get("NUM_ATOMS", DEFAULT_DEFINES["NUM_ATOMS"]))  # the layout must fit the branches
+    defs["ADV_COLUMNS"] = "{" + ",".join(str(c) for c in head_columns(offsets, n, head_align)) + "}"
+    defs["V_PITCH"] = str(padded(n, head_align))
     return defs
 
 

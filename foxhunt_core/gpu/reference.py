@@ -42,6 +42,28 @@ def dueling_softmax_forward(v: Array, adv: Array, z: Array, offsets: Sequence[in
     return log_probs, probs, q, var
 
 
+def adv_from_columns(adv: Array, offsets: Sequence[int], num_atoms: int, align: int = 4) -> Array:
+    """[B, A, N] advantages from the padded [B, W] layout (:func:`..gpu.launch.head_columns`)."""
+    from .launch import head_columns
+
+    cols = head_columns(offsets, num_atoms, align)
+    B = adv.shape[0]
+    return np.concatenate([adv[:, c : c + (b - a) * num_atoms].reshape(B, b - a, num_atoms)
+                           for a, b, c in zip(offsets[:-1], offsets[1:], cols)], axis=1)
+
+
+def columns_from_adv(adv: Array, offsets: Sequence[int], align: int = 4) -> Array:
+    """The padded [B, W] layout of [B, A, N] advantages, zeros in the padding."""
+    from .launch import head_columns
+
+    B, _, N = adv.shape
+    cols = head_columns(offsets, N, align)
+    out = np.zeros((B, cols[-1]), dtype=adv.dtype)
+    for a, b, c in zip(offsets[:-1], offsets[1:], cols):
+        out[:, c : c + (b - a) * N] = adv[:, a:b].reshape(B, -1)
+    return out
+
+
 def expected_q_backward(dq: Array, probs: Array, q: Array, z: Array) -> Array:
     """``dq * p * (z - q)``: the gradient of ``q = sum_j p_j z_j`` with respect to the logits."""
     return dq[:, :, None] * probs * (z - q[:, :, None])

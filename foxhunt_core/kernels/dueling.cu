@@ -11,6 +11,13 @@
 //   NUM_BRANCHES     D
 //   BRANCH_OFFSETS   {o_0, ..., o_D}: branch d owns actions [o_d, o_{d+1})
 //   MAX_BRANCH_SIZE  the largest o_{d+1} - o_d
+//   ADV_COLUMNS      {c_0, ..., c_D}: branch d's advantages (its actions' atoms, action-major)
+//                    start at column c_d of an advantage row; c_D is the row's width. Packed:
+//                    c_d = o_d N. The GPU network pads each block to a multiple of 4 floats, so
+//                    that the advantage GEMMs run on cuBLAS's aligned kernels.
+//   V_PITCH          the value head's row width (N, or N padded to a multiple of 4)
+// Padding columns of v and adv are never read; the backward writes zeros into those of dv and
+// dadv (they are the GEMMs' inputs, and the weight gradients over the padding must be zero).
 //
 // Thread mapping: one warp per (sample, branch) in the forward, one warp per sample in the
 // backward (the value-head gradient sums over every branch). Lane l holds atoms l, l + 32, ...
@@ -20,7 +27,16 @@
 #define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
 #define FULL_MASK 0xffffffffu
 
+#ifndef ADV_COLUMNS
+#define ADV_COLUMNS {0, 153, 306, 459, 612}
+#endif
+#ifndef V_PITCH
+#define V_PITCH 51
+#endif
+
 __constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+__constant__ int kAdvColumns[NUM_BRANCHES + 1] = ADV_COLUMNS;
+__constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
@@ -43,8 +59,8 @@ __device__ __forceinline__ float warp_max(float x) {
 // inputs are read, when given. log_probs, probs and var may be null: a forward that only needs
 // the expected Q (the bootstrap's action choice) skips their writes.
 extern "C" __global__ void dueling_softmax_forward(
-    const float* __restrict__ v,          // [B, N]
-    const float* __restrict__ adv,        // [B, A, N]
+    const float* __restrict__ v,          // [B, V_PITCH]
+    const float* __restrict__ adv,        // [B, c_D]
     const float* __restrict__ v_bias,     // [N] or null
     const float* __restrict__ adv_bias,   // [A, N] or null
     const float* __restrict__ z,          // [N]
@@ -58,6 +74,7 @@ extern "C" __global__ void dueling_softmax_forward(
     const int warps_per_block = blockDim.x >> 5;
     const int nbr = branch_end - branch_begin;
     const long long rows = (long long)batch * nbr;
+    const int adv_pitch = kAdvColumns[NUM_BRANCHES];
     const float neg_inf = __int_as_float(0xff800000);
 
     float zz[ATOMS_PER_LANE];
@@ -73,13 +90,14 @@ extern "C" __global__ void dueling_softmax_forward(
         const int d = branch_begin + (int)(row % nbr);
         const int a0 = kBranchOffsets[d];
         const int n = kBranchOffsets[d + 1] - a0;
+        const float* adv_d = adv + b * adv_pitch + kAdvColumns[d];
 
         float vv[ATOMS_PER_LANE], mean[ATOMS_PER_LANE];
         float ad[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
-            vv[k] = j < NUM_ATOMS ? v[b * NUM_ATOMS + j] + (v_bias != nullptr ? v_bias[j] : 0.0f) : 0.0f;
+            vv[k] = j < NUM_ATOMS ? v[b * V_PITCH + j] + (v_bias != nullptr ? v_bias[j] : 0.0f) : 0.0f;
             mean[k] = 0.0f;
         }
 #pragma unroll
@@ -88,7 +106,7 @@ extern "C" __global__ void dueling_softmax_forward(
             for (int k = 0; k < ATOMS_PER_LANE; ++k) {
                 const int j = lane + 32 * k;
                 const bool ok = i < n && j < NUM_ATOMS;
-                ad[i][k] = ok ? adv[(b * NUM_ACTIONS + a0 + i) * NUM_ATOMS + j]
+                ad[i][k] = ok ? adv_d[i * NUM_ATOMS + j]
                                     + (adv_bias != nullptr ? adv_bias[(a0 + i) * NUM_ATOMS + j] : 0.0f)
                               : 0.0f;
                 mean[k] += ad[i][k];
@@ -153,11 +171,12 @@ extern "C" __global__ void dueling_backward(
     const float* __restrict__ probs,      // [B, A, N] (read only when dq is given)
     const float* __restrict__ q,          // [B, A]    (read only when dq is given)
     const float* __restrict__ z,          // [N]
-    float* __restrict__ dv,               // [B, N]
-    float* __restrict__ dadv,             // [B, A, N]
+    float* __restrict__ dv,               // [B, V_PITCH]
+    float* __restrict__ dadv,             // [B, c_D]
     int batch, int branch_begin, int branch_end, int accumulate_dv)
 {
     const int lane = threadIdx.x & 31;
+    const int adv_pitch = kAdvColumns[NUM_BRANCHES];
     const int warps_per_block = blockDim.x >> 5;
     float zz[ATOMS_PER_LANE];
 #pragma unroll
@@ -204,22 +223,26 @@ extern "C" __global__ void dueling_backward(
                 acc_v[k] += mean[k];
                 mean[k] /= (float)n;
             }
+            float* dadv_d = dadv + b * adv_pitch + kAdvColumns[d];
 #pragma unroll
             for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
                 if (i >= n) break;
-                const long long base = (b * NUM_ACTIONS + a0 + i) * NUM_ATOMS;
 #pragma unroll
                 for (int k = 0; k < ATOMS_PER_LANE; ++k) {
                     const int j = lane + 32 * k;
-                    if (j < NUM_ATOMS) dadv[base + j] = dl[i][k] - mean[k];
+                    if (j < NUM_ATOMS) dadv_d[i * NUM_ATOMS + j] = dl[i][k] - mean[k];
                 }
             }
+            for (int c = n * NUM_ATOMS + lane; c < kAdvColumns[d + 1] - kAdvColumns[d]; c += 32)
+                dadv_d[c] = 0.0f;  // the block's padding
         }
+        float* dv_b = dv + b * V_PITCH;
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
-            if (j < NUM_ATOMS) dv[b * NUM_ATOMS + j] = accumulate_dv ? dv[b * NUM_ATOMS + j] + acc_v[k] : acc_v[k];
+            if (j < NUM_ATOMS) dv_b[j] = accumulate_dv ? dv_b[j] + acc_v[k] : acc_v[k];
         }
+        for (int j = NUM_ATOMS + lane; j < V_PITCH; j += 32) dv_b[j] = 0.0f;
     }
 }
 
@@ -262,8 +285,6 @@ extern "C" __global__ void gather_actions(
         out[i] = x[(b * NUM_ACTIONS + action[bd]) * width + j];
     }
 }
-
-__constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
 
 extern "C" __global__ void scatter_actions(
     const float* __restrict__ vals,       // [B, D, width]

@@ -11,8 +11,14 @@ device so that each activation makes as few trips through memory as possible:
 * a branch's input columns beyond the shared features ``z`` (the magnitude branch's direction Q,
   branch-input stages) are never concatenated to ``z``: their rank-E share of the
   pre-activations is added inside the GLU kernel, and their gradients come from small GEMMs;
-* the advantage GEMMs write straight into the [B, A, N] buffer, and the value and advantage
+* the advantage GEMMs write straight into one advantage buffer, and the value and advantage
   biases are added by the dueling kernel as it reads them;
+* the 51-column value head and each branch's 153-column advantage block are computed 52 and 156
+  columns wide over zero-padded weights (:func:`storage_shapes`; the flat parameter buffers keep
+  those weights in padded blocks), and a 259-wide branch input as 260: cuBLAS runs a GEMM on its
+  aligned kernels only when every extent is a multiple of 4 floats, and its ``align1`` kernels
+  were measured at a third of the speed. The dueling kernels skip the padding columns, and the
+  backward writes zeros into those of the gradients, so the padding of the weights stays zero;
 * a forward can skip outputs nobody reads (``outputs``): the bootstrap needs only E[Q] from the
   online network and only the probabilities from the target network;
 * the backward accumulates input gradients in place (GEMMs with ``beta = 1``) and can write the
@@ -30,8 +36,11 @@ from typing import Any
 
 from ..gpu import cublas
 from ..gpu import kernels as K
+from ..gpu.flat import storage_of
+from ..gpu.launch import HEAD_ALIGN, head_columns, padded
 
 Array = Any
+Shape = tuple[int, ...]
 DIRECTION, MAGNITUDE = 0, 1
 ALL_OUTPUTS = ("log_probs", "probs", "q", "var")
 
@@ -47,6 +56,38 @@ def colsum(x: Array, out: Array) -> Array:
     which cuBLAS runs as a gemv. (CuPy's axis-0 reduction is slow, and cuBLASLt's bias-gradient
     epilogue runs as a separate kernel that measured ~4x slower than the gemv.)"""
     return mm(cublas.ones_row(x.shape[0], x.dtype), x, out=out.reshape(1, -1))
+
+
+def storage_shapes(net: Any) -> dict[str, Shape]:
+    """The core weights this path wants in zero-padded blocks, ``{name: (rows, cols)}``: the
+    value head's and each branch's output columns, and the input rows of the trunk and of a
+    branch whose input width is not a multiple of 4 (the observation's 50 features; the
+    magnitude branch's ``shared_h2`` + the direction Q)."""
+    s, N = net.settings, net.num_atoms
+    out = {"trunk.w1": ((s.state_dim, s.shared_h1), (padded(s.state_dim), s.shared_h1)),
+           "value.w": ((s.shared_h2, N), (s.shared_h2, padded(N)))}
+    for d, n in enumerate(net.sizes):
+        out[f"branch{d}.w_out"] = ((s.adv_h, n * N), (s.adv_h, padded(n * N)))
+        k = net.in_width[d]
+        for w in ("w_gate", "w_val"):
+            out[f"branch{d}.{w}"] = ((k, s.adv_h), (padded(k), s.adv_h))
+    return {name: block for name, (shape, block) in out.items() if shape != block}
+
+
+def _block(sub: Any, name: str, shape: Shape) -> Array:
+    """The weight ``sub[name]`` as a ``shape`` block: its padded storage when the tree has it
+    (a flat buffer's), else a zero-padded copy."""
+    import cupy as cp
+
+    w = sub[name]
+    if tuple(w.shape) == shape:
+        return w
+    blk = storage_of(sub, name)
+    if blk is not None and tuple(blk.shape) == shape:
+        return blk
+    blk = cp.zeros(shape, dtype=w.dtype)
+    blk[: w.shape[0], : w.shape[1]] = w
+    return blk
 
 
 def _extra_inputs(net: Any, d: int, q: Array, extra_cols: list[Array]) -> Array | None:
@@ -77,11 +118,19 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
     offs = net.offsets
     want = tuple(ALL_OUTPUTS if keep_cache else outputs)  # the backward reads probs and q
     z_sup = net.support(obs)
-    h1 = mm(obs, p["trunk.w1"], bias=p["trunk.b1"], relu=True)
+    S = obs.shape[1]
+    x = obs
+    if padded(S) != S:  # the observation with zero columns up to a multiple of 4
+        x = cp.empty((B, padded(S)), dtype=cp.float32)
+        x[:, :S] = obs
+        x[:, S:] = 0.0
+    h1 = mm(x, _block(p, "trunk.w1", (x.shape[1], net.settings.shared_h1)), bias=p["trunk.b1"], relu=True)
     h2 = mm(h1, p["trunk.w2"], bias=p["trunk.b2"], relu=True)
     mpre = mm(h2, p["vsn.w"], bias=p["vsn.b"])
     m, z = K.vsn_forward(h2, mpre, m=mpre)
-    v = mm(z, p["value.w"])  # its bias is added by the dueling kernel
+    Nv = padded(N)
+    hcol = head_columns(offs, N, HEAD_ALIGN)  # each branch's block of the advantage row
+    v = mm(z, _block(p, "value.w", (H2, Nv)))  # [B, Nv]; its bias is added by the dueling kernel
 
     extra_cols, extra_caches = [], []
     for st in net.branch_inputs:
@@ -89,8 +138,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
         extra_cols.append(cp.ascontiguousarray(cols))
         extra_caches.append(c)
 
-    adv = cp.empty((B, A, N), dtype=cp.float32)
-    adv2 = adv.reshape(B, A * N)
+    adv = cp.empty((B, hcol[-1]), dtype=cp.float32)
     adv_bias = cp.concatenate([p[f"branch{d}.b_out"] for d in range(len(net.sizes))]).reshape(A, N)
     log_probs = cp.empty((B, A, N), dtype=cp.float32) if "log_probs" in want else None
     probs = cp.empty((B, A, N), dtype=cp.float32) if "probs" in want else None
@@ -123,7 +171,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
             val += p[f"branch{d}.b_val"]
             gate, gcache = net.gate.forward(cp, gp, d, pre)
             h = gate * val
-        mm(h, p[f"branch{d}.w_out"], out=adv2[:, offs[d] * N : offs[d + 1] * N])
+        mm(h, _block(p, f"branch{d}.w_out", (H, hcol[d + 1] - hcol[d])), out=adv[:, hcol[d] : hcol[d + 1]])
         if d == DIRECTION:  # the magnitude branch reads the direction branch's expected Q
             dueling((0, 1), want + ("q",))
         if keep_cache:
@@ -131,7 +179,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
     dueling((1, D), want)
     cache = None
     if keep_cache:
-        cache = dict(fused=True, obs=obs, h1=h1, h2=h2, m=m, z=z, branches=branches, q=q,
+        cache = dict(fused=True, x=x, h1=h1, h2=h2, m=m, z=z, branches=branches, q=q,
                      extra_cols=extra_cols, extra_caches=extra_caches)
     # The kernel returns normalised logits (log-probabilities); they differ from the raw dueling
     # logits by a per-distribution constant, which no consumer depends on.
@@ -157,11 +205,27 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     dlogits = cp.ascontiguousarray(dlogits)
     slots = (grads_into or {}).get("core", {})
     g: dict[str, Array] = {}
+    pending: list[tuple[Array, Array]] = []
+    Nv = padded(N)
+    hcol = head_columns(offs, N, HEAD_ALIGN)
 
     def slot(name: str) -> Array:
         s = slots.get(name)
         g[name] = s if s is not None else cp.empty(p[name].shape, dtype=cp.float32)
         return g[name]
+
+    def slot_block(name: str, shape: Shape) -> Array:
+        """Where a weight gradient of ``shape`` (padded) goes: the slot's padded storage, or a
+        scratch block copied into the slot at the end."""
+        s = slot(name)
+        if tuple(s.shape) == shape:
+            return s
+        blk = storage_of(slots, name) if name in slots else None
+        if blk is not None and tuple(blk.shape) == shape:
+            return blk
+        blk = cp.empty(shape, dtype=cp.float32)
+        pending.append((s, blk))
+        return blk
 
     ggate: dict[str, Array] = {}
     gextra: list[Any] = [None] * len(net.branch_inputs)
@@ -171,17 +235,17 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the
     # direction branch's Q, which then enters the direction branch's logit gradient.
-    dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D))
-    dadv2 = dadv.reshape(B, A * N)
+    dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D), padded=True)
 
     def branch_backward(d: int) -> Array | None:
         nonlocal dz_started
         bc = c["branches"][d]
-        wg, wv, wo = p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"], p[f"branch{d}.w_out"]
-        dh = dadv2[:, offs[d] * N : offs[d + 1] * N]
-        dh_in = mm(dh, wo.T)
-        mm(bc["h"].T, dh, out=slot(f"branch{d}.w_out"))
-        colsum(dh, slot(f"branch{d}.b_out"))
+        wg, wv = p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"]
+        wide = (H, hcol[d + 1] - hcol[d])
+        dh = dadv[:, hcol[d] : hcol[d + 1]]  # zeros in the padding
+        dh_in = mm(dh, _block(p, f"branch{d}.w_out", wide).T)
+        mm(bc["h"].T, dh, out=slot_block(f"branch{d}.w_out", wide))
+        colsum(dh[:, : (offs[d + 1] - offs[d]) * N], slot(f"branch{d}.b_out"))
         dpv = cp.empty((2, B, H), dtype=cp.float32)  # [d pre_gate, d val]
         if sigmoid_gate:
             K.glu_backward(dh_in, bc["gate"], bc["val"], dpre_gate=dpv[0], dval=dpv[1])
@@ -197,9 +261,17 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         # the branch's whole input is formed once rather than its few extra columns being a
         # separate product of their own.
         xe = bc["xe"]
-        u = z if xe is None else cp.concatenate([z, xe], axis=1)
-        mm(u.T, dpv[0], out=slot(f"branch{d}.w_gate"))
-        mm(u.T, dpv[1], out=slot(f"branch{d}.w_val"))
+        width = net.in_width[d]
+        if xe is None and padded(width) == width:
+            u = z
+        else:  # [z, xe, zeros]: the input, padded to a multiple of 4 columns
+            u = cp.empty((B, padded(width)), dtype=cp.float32)
+            u[:, :H2] = z
+            if xe is not None:
+                u[:, H2:width] = xe
+            u[:, width:] = 0.0
+        mm(u.T, dpv[0], out=slot_block(f"branch{d}.w_gate", (padded(width), H)))
+        mm(u.T, dpv[1], out=slot_block(f"branch{d}.w_val", (padded(width), H)))
         colsum(dpv[0], slot(f"branch{d}.b_gate"))
         colsum(dpv[1], slot(f"branch{d}.b_val"))
         mm(dpv[0], wg[:H2].T, out=dz, beta=1.0 if dz_started else 0.0)
@@ -207,16 +279,17 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         dz_started = True
         if xe is None:
             return None
-        dxe = mm(dpv[0], wg[H2:].T)
-        mm(dpv[1], wv[H2:].T, out=dxe, beta=1.0)
-        return dxe
+        # The extra rows' input gradient, 4-wide where the weights are stored padded (aligned).
+        dxe = mm(dpv[0], _block(p, f"branch{d}.w_gate", (padded(width), H))[H2:].T)
+        mm(dpv[1], _block(p, f"branch{d}.w_val", (padded(width), H))[H2:].T, out=dxe, beta=1.0)
+        return dxe[:, : width - H2]
 
     dxes: dict[int, Array | None] = {MAGNITUDE: branch_backward(MAGNITUDE)}
     n_dir = net.sizes[DIRECTION]
     dq = cp.zeros((B, A), dtype=cp.float32)  # the conditioning path into direction Q
     dq[:, :n_dir] = dxes[MAGNITUDE][:, :n_dir] * (1.0 / net.q_scale)
     K.dueling_backward(dlogits, z_sup, offs, branches=(0, 1), accumulate_dv=True, dq=dq,
-                       probs=out.probs, q=c["q"], dv=dv, dadv=dadv)
+                       probs=out.probs, q=c["q"], dv=dv, dadv=dadv, padded=True)
     for d in range(D):
         if d != MAGNITUDE:
             dxes[d] = branch_backward(d)
@@ -228,9 +301,9 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 gextra[i] = dcols if gextra[i] is None else gextra[i] + dcols
                 col += st.width
 
-    mm(dv, p["value.w"].T, out=dz, beta=1.0)
-    mm(z.T, dv, out=slot("value.w"))
-    colsum(dv, slot("value.b"))
+    mm(dv, _block(p, "value.w", (H2, Nv)).T, out=dz, beta=1.0)
+    mm(z.T, dv, out=slot_block("value.w", (H2, Nv)))
+    colsum(dv[:, :N], slot("value.b"))
     dh2_mask, dmpre = K.vsn_backward(dz, c["h2"], c["m"])
     mm(c["h2"].T, dmpre, out=slot("vsn.w"))
     colsum(dmpre, slot("vsn.b"))
@@ -238,8 +311,10 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     mm(c["h1"].T, dh2, out=slot("trunk.w2"))
     colsum(dh2, slot("trunk.b2"))
     dh1 = K.relu_backward(mm(dh2, p["trunk.w2"].T), c["h1"])
-    mm(c["obs"].T, dh1, out=slot("trunk.w1"))
+    mm(c["x"].T, dh1, out=slot_block("trunk.w1", tuple(c["x"].shape[1:]) + (dh1.shape[1],)))
     colsum(dh1, slot("trunk.b1"))
+    for dst, blk in pending:
+        dst[...] = blk[: dst.shape[0], : dst.shape[1]]
 
     grads = {"core": g}
     if net.gate.name in params and net.gate.name != "core":

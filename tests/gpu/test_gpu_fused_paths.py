@@ -18,6 +18,7 @@ from gpu_parity import assert_close, host64, nan_like, to_dev
 
 from foxhunt_core.gpu import kernels as K
 from foxhunt_core.gpu import reference as R
+from foxhunt_core.gpu.launch import head_columns, padded
 from foxhunt_core.net import layers as L
 
 pytestmark = pytest.mark.gpu
@@ -70,6 +71,51 @@ def test_dueling_backward_in_two_branch_passes(cp, rng, N, offsets):
     rdv, rdadv = R.dueling_backward(host64(dlogits), offsets, host64(dq), host64(probs), host64(q), host64(z))
     assert_close("dv", dv, rdv, TOL)
     assert_close("dadv", dadv, rdadv, TOL)
+
+
+@pytest.mark.parametrize("N,offsets", LAYOUTS)
+def test_dueling_in_the_padded_layout(cp, rng, N, offsets):
+    """The GPU network's layout: ``v`` [B, N rounded up to 4] and ``adv`` [B, W] with each
+    branch's block padded to 4 floats. The forward must not read the padding (it holds NaN here);
+    the backward must write zeros into the padding of ``dv`` and ``dadv``."""
+    B, A = 149, offsets[-1]
+    D = len(offsets) - 1
+    Nv, W = padded(N), head_columns(offsets, N, 4)[-1]
+    v = rng.normal(size=(B, N)).astype(np.float32)
+    adv = rng.normal(size=(B, A, N)).astype(np.float32)
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    vb, ab = rng.normal(size=N).astype(np.float32), rng.normal(size=(A, N)).astype(np.float32)
+    v_pad = np.full((B, Nv), np.nan, np.float32)
+    v_pad[:, :N] = v
+    adv_pad = R.columns_from_adv(adv, offsets)
+    adv_pad[adv_pad == 0.0] = np.nan  # only the padding is exactly zero
+    assert np.isnan(adv_pad).sum() == B * (W - A * N)
+    ref = R.dueling_softmax_forward(host64(v), host64(adv), host64(z), offsets, host64(vb), host64(ab))
+    outs = dict(log_probs=nan_like(cp, (B, A, N)), probs=nan_like(cp, (B, A, N)),
+                q=nan_like(cp, (B, A)), var=nan_like(cp, (B, A)))
+    got = K.dueling_softmax_forward(to_dev(cp, v_pad), to_dev(cp, adv_pad), to_dev(cp, z), offsets,
+                                    v_bias=to_dev(cp, vb), adv_bias=to_dev(cp, ab), **outs)
+    for name, g, r in zip(("log_probs", "probs", "q", "var"), got, ref):
+        assert_close(name, g, r, TOL)
+
+    _, probs, q, _ = ref
+    dlogits = rng.normal(size=(B, A, N)).astype(np.float32)
+    dq = np.zeros((B, A), np.float32)
+    dq[:, : offsets[1]] = rng.normal(size=(B, offsets[1]))
+    ddl, dzz = to_dev(cp, dlogits), to_dev(cp, z)
+    dv, dadv = nan_like(cp, (B, Nv)), nan_like(cp, (B, W))
+    K.dueling_backward(ddl, dzz, offsets, branches=(1, D), dv=dv, dadv=dadv, padded=True)
+    K.dueling_backward(ddl, dzz, offsets, branches=(0, 1), accumulate_dv=True, dq=to_dev(cp, dq),
+                       probs=to_dev(cp, probs.astype(np.float32)), q=to_dev(cp, q.astype(np.float32)),
+                       dv=dv, dadv=dadv, padded=True)
+    rdv, rdadv = R.dueling_backward(host64(dlogits), offsets, host64(dq), probs, q, host64(z))
+    rdv_pad = np.zeros((B, Nv))
+    rdv_pad[:, :N] = rdv
+    assert_close("dv", dv, rdv_pad, TOL)
+    assert_close("dadv", dadv, R.columns_from_adv(rdadv, offsets), TOL)
+    assert not host64(dv)[:, N:].any()
+    pad = R.columns_from_adv(np.ones((1, A, N)), offsets)[0] == 0.0  # the padding columns
+    assert pad.sum() == W - A * N and not host64(dadv)[:, pad].any()
 
 
 @pytest.mark.parametrize("width", [1, 51])

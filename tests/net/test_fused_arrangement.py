@@ -21,6 +21,7 @@ import pytest
 from foxhunt_core.config import NetSettings
 from foxhunt_core.gpu import reference as R
 from foxhunt_core.gpu.flat import FlatTree
+from foxhunt_core.gpu.launch import head_columns
 from foxhunt_core.net import BranchingC51, fused
 from foxhunt_core.net import layers as L
 from hook_plugins import TanhGateStage
@@ -91,6 +92,9 @@ def _kernels() -> types.SimpleNamespace:
     def dueling_softmax_forward(v, adv, z, offsets, *, branches=None, v_bias=None, adv_bias=None,
                                 want=("log_probs", "probs", "q", "var"), log_probs=None, probs=None,
                                 q=None, var=None):
+        N = z.shape[0]
+        if adv.ndim == 2:  # the padded layout: the padding is not read
+            adv, v = R.adv_from_columns(adv, offsets, N), v[:, :N]
         ref = R.dueling_softmax_forward(v, adv, z, offsets, v_bias, adv_bias)
         d0, d1 = branches or (0, len(offsets) - 1)
         a0, a1 = offsets[d0], offsets[d1]
@@ -100,11 +104,20 @@ def _kernels() -> types.SimpleNamespace:
         return log_probs, probs, q, var
 
     def dueling_backward(dlogits, z, offsets, *, branches=None, accumulate_dv=False, dq=None, probs=None,
-                         q=None, dv=None, dadv=None):
+                         q=None, dv=None, dadv=None, padded=False):
         rdv, rdadv = R.dueling_backward(dlogits, offsets, dq, probs, q, z, branches)
         d0, d1 = branches or (0, len(offsets) - 1)
-        dadv = np.full(dlogits.shape, np.nan) if dadv is None else dadv
-        dadv[:, offsets[d0] : offsets[d1]] = rdadv
+        full = np.full(dlogits.shape, np.nan)
+        full[:, offsets[d0] : offsets[d1]] = rdadv
+        if padded:  # the padding written as zeros, the branches not computed left as they were
+            wide = R.columns_from_adv(full, offsets)
+            cols = head_columns(offsets, dlogits.shape[2], 4)
+            dadv = np.full(wide.shape, np.nan) if dadv is None else dadv
+            dadv[:, cols[d0] : cols[d1]] = wide[:, cols[d0] : cols[d1]]
+            rdv = np.concatenate([rdv, np.zeros((rdv.shape[0], -(-rdv.shape[1] // 4) * 4 - rdv.shape[1]))], axis=1)
+        else:
+            dadv = full if dadv is None else dadv
+            dadv[:, offsets[d0] : offsets[d1]] = rdadv
         dv = _put(dv, dv + rdv if accumulate_dv else rdv)
         return dv, dadv
 
@@ -147,20 +160,34 @@ def _net(stages: bool) -> BranchingC51:
     return BranchingC51(s)
 
 
-def _flat_params(net: BranchingC51, rng) -> dict:
+def _flat_params(net: BranchingC51, rng, padded: bool = True) -> dict:
     tree = net.init_params(rng, dtype=np.float64)
     for sub in tree.values():  # non-zero biases, so that their paths are exercised
         for k, v in sub.items():
             if ".b" in k or k.endswith("slope"):
                 v[...] = rng.normal(0.0, 0.3, v.shape)
-    return FlatTree.from_tree(tree, dtype=np.float64).tree
+    storage = {"core": fused.storage_shapes(net)} if padded else None
+    return FlatTree.from_tree(tree, dtype=np.float64, storage=storage)
 
 
+def test_padded_storage_covers_the_unaligned_weights():
+    net = _net(True)  # 11 atoms, branches of 3: 11 -> 12 and 33 -> 36 columns; inputs 16 + 3 + 2 = 21 -> 24 rows
+    shapes = fused.storage_shapes(net)
+    assert shapes["value.w"] == (16, 12)
+    assert shapes["trunk.w1"] == (52, 24)  # the 50 observation features
+    assert all(shapes[f"branch{d}.w_out"] == (12, 36) for d in range(4))
+    assert shapes["branch1.w_gate"] == shapes["branch1.w_val"] == (24, 12)  # 16 + 3 + 2
+    assert shapes["branch3.w_gate"] == (20, 12)  # 16 + 2 (the wide columns) -> 20
+    assert "branch0.w_gate" not in shapes and "branch2.w_val" not in shapes  # 16 rows already
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded-storage", "plain-storage"])
 @pytest.mark.parametrize("stages", [False, True], ids=["core", "gate+columns"])
-def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages):
+def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, padded):
     rng = np.random.default_rng(7)
     net = _net(stages)
-    params = _flat_params(net, rng)
+    flat = _flat_params(net, rng, padded)
+    params = flat.tree
     obs = rng.normal(size=(9, net.settings.state_dim))
     ref = net.forward(params, obs, keep_cache=True)
     got = numpy_fused.forward(net, params, obs, keep_cache=True)
@@ -170,7 +197,7 @@ def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages):
 
     dlogits = rng.normal(size=ref.log_probs.shape)
     g_ref = net.backward(params, ref, dlogits)
-    slots = FlatTree(FlatTree.from_tree(params).shapes(), dtype=np.float64)
+    slots = flat.zeros_like()
     slots.buffer[...] = np.nan  # a gradient the backward does not write would stay NaN
     g_got = numpy_fused.backward(net, params, got, dlogits, grads_into=slots.tree)
     assert set(g_got) == set(g_ref)
@@ -180,12 +207,16 @@ def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages):
             np.testing.assert_allclose(g_got[owner][k], v, rtol=1e-9, atol=1e-12, err_msg=f"{owner}/{k}")
     for k, v in g_got["core"].items():  # the core's gradients live in the given slots
         assert np.shares_memory(v, slots.buffer), k
+    for k, blk in slots.storage["core"].items():  # the padding of every padded gradient is zero
+        r, c = g_got["core"][k].shape
+        assert not blk[r:].any() and not blk[:, c:].any(), k
+    assert set(slots.storage["core"]) == (set(fused.storage_shapes(net)) if padded else set())
 
 
 def test_forward_without_cache_writes_only_what_is_asked(numpy_fused):
     rng = np.random.default_rng(3)
     net = _net(True)
-    params = _flat_params(net, rng)
+    params = _flat_params(net, rng).tree
     obs = rng.normal(size=(5, net.settings.state_dim))
     ref = net.forward(params, obs)
     got = numpy_fused.forward(net, params, obs, keep_cache=False, outputs=("q",))
