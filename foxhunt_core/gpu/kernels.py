@@ -20,7 +20,7 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
 - ``c51_target_loss``: ``c51.project`` + ``c51.loss_and_grad`` (gradient / (B D), as
   ``agent.py``), optionally reading the chosen rows of whole outputs and writing the gradient
   over all actions; a warp per (sample, branch).
-- ``glu_forward/backward``, ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
+- ``glu_forward/backward/backward_recompute``, ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
   the GLU (with a branch's extra input columns), trunk and VSN lines of ``network.py`` with
   ``layers.sigmoid/relu``; a thread per element (four per thread, ``float4``, for the GLU
   forward where the rows allow).
@@ -87,6 +87,7 @@ __all__ = [
     "dueling_softmax_forward",
     "expected_q_backward",
     "glu_backward",
+    "glu_backward_recompute",
     "gather_actions",
     "glu_forward",
     "q_stats_keys",
@@ -450,6 +451,52 @@ def glu_backward(
     return dpre_gate, dval
 
 
+def glu_backward_recompute(
+    dh: Array,
+    pre_gate: Array,
+    val: Array,
+    *,
+    gate_bias: Array | None = None,
+    val_bias: Array | None = None,
+    x_extra: Array | None = None,
+    w_extra_gate: Array | None = None,
+    w_extra_val: Array | None = None,
+    dpre_gate: Array | None = None,
+    dval: Array | None = None,
+) -> tuple[Array, Array]:
+    """:func:`glu_backward` from the forward's GEMM outputs ``pre_gate``/``val`` [B, H] (as
+    :func:`glu_forward` takes them, with the same biases and extra columns) instead of its cached
+    gate and value, which are recomputed. ``dpre_gate=pre_gate, dval=val`` runs in place."""
+    k = "glu_backward_recompute"
+    B, H = _matrix(k, "dh", dh)
+    check_array(k, "pre_gate", pre_gate, F32, (B, H))
+    check_array(k, "val", val, F32, (B, H))
+    for name, b in (("gate_bias", gate_bias), ("val_bias", val_bias)):
+        if b is not None:
+            check_array(k, name, b, F32, (H,))
+    E = 0
+    if x_extra is not None:
+        E = _matrix(k, "x_extra", x_extra)[1]
+        if w_extra_gate is None or w_extra_val is None:
+            raise ValueError(f"{k}: x_extra needs w_extra_gate and w_extra_val")
+        check_array(k, "x_extra", x_extra, F32, (B, E))
+        check_array(k, "w_extra_gate", w_extra_gate, F32, (E, H))
+        check_array(k, "w_extra_val", w_extra_val, F32, (E, H))
+        if E == 0:
+            x_extra = w_extra_gate = w_extra_val = None
+    dpre_gate = output(k, "dpre_gate", dpre_gate, (B, H))
+    dval = output(k, "dval", dval, (B, H))
+    total = B * H
+    arrays = (dh, pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, dpre_gate, dval)
+    vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+    _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
+        (dh, pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, i32(E),
+         dpre_gate, dval, i64(total), i32(H)),
+    )
+    return dpre_gate, dval
+
+
 def bias_relu_forward(x: Array, bias: Array, *, out: Array | None = None) -> Array:
     """``relu(x + bias)`` for ``x`` [B, H] (the GEMM output), ``bias`` [H]; ``out=x`` runs in place."""
     k = "bias_relu_forward"
@@ -475,18 +522,22 @@ def relu_backward(dy: Array, y: Array, *, addend: Array | None = None, out: Arra
 
 
 def vsn_forward(
-    h2: Array, mpre: Array, *, bias: Array | None = None, m: Array | None = None, z: Array | None = None
-) -> tuple[Array, Array]:
-    """Variable-selection mask: ``m = sigmoid(mpre + bias)``, ``z = h2 * m``; returns ``(m, z)``."""
+    h2: Array, mpre: Array, *, bias: Array | None = None, m: Array | None = None, z: Array | None = None,
+    keep: bool = True,
+) -> tuple[Array | None, Array]:
+    """Variable-selection mask: ``m = sigmoid(mpre + bias)``, ``z = h2 * m``; returns ``(m, z)``.
+    Without ``keep`` (no backward follows) only ``z`` is written and ``m`` is None."""
     k = "vsn_forward"
     B, H = _matrix(k, "h2", h2)
     check_array(k, "mpre", mpre, F32, (B, H))
     if bias is not None:
         check_array(k, "bias", bias, F32, (H,))
-    m = output(k, "m", m, (B, H))
+    m = output(k, "m", m, (B, H)) if keep else None
     z = output(k, "z", z, (B, H))
     total = B * H
-    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,), (h2, mpre, bias, m, z, i64(total), i32(H)))
+    vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in (h2, mpre, bias, m, z))
+    _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), (h2, mpre, bias, m, z, i64(total), i32(H)))
     return m, z
 
 

@@ -137,6 +137,13 @@ def glu_backward(dh: Array, gate: Array, val: Array) -> tuple[Array, Array]:
     return L.sigmoid_backward(gate, dh * val), dh * gate
 
 
+def glu_backward_recompute(dh: Array, pre_gate: Array, val: Array, gate_bias: Array | None = None,
+                           val_bias: Array | None = None, x_extra: Array | None = None,
+                           w_extra_gate: Array | None = None, w_extra_val: Array | None = None) -> tuple[Array, Array]:
+    gate, _, full_val = glu_forward(pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val)
+    return glu_backward(dh, gate, full_val)
+
+
 def bias_relu_forward(x: Array, bias: Array) -> Array:
     return L.relu(x + bias)
 

@@ -3,6 +3,7 @@
 // NumPy twins (foxhunt_core/net/layers.py and foxhunt_core/net/network.py):
 //   glu_forward        gate = sigmoid(pre + b_gate + x_e W_e,g), val += b_val + x_e W_e,v, h = gate * val
 //   glu_backward       dpre = dh * val * gate * (1 - gate), dval = dh * gate
+//   glu_backward_recompute  the same from the forward's GEMM outputs (gate and val recomputed)
 //   bias_relu_forward  y = relu(x + b)                                               (trunk layers)
 //   relu_backward      dx = (dy + addend) * (y > 0)                                  (addend optional)
 //   vsn_forward        m = sigmoid(mpre + b), z = h2 * m                             (variable selection)
@@ -120,6 +121,77 @@ extern "C" __global__ void glu_backward(
     }
 }
 
+// The GLU backward from the forward's GEMM outputs instead of its cached gate and value: both
+// are recomputed exactly as glu_forward forms them (biases, the extra columns' share), so the
+// forward of an update writes only h -- two [rows, cols] arrays fewer through memory each way.
+// dpre_gate / dval may alias pre_gate / val (the update writes them in place).
+__device__ __forceinline__ float glu_pre(const float* x_extra, const float* w_extra, int n_extra, int r, int c,
+                                         int cols, float acc) {
+    for (int e = 0; e < n_extra; ++e) acc += x_extra[r * n_extra + e] * w_extra[e * cols + c];
+    return acc;
+}
+
+extern "C" __global__ void glu_backward_recompute(
+    const float* dh, const float* pre_gate, const float* val,   // [rows, cols]
+    const float* gate_bias, const float* val_bias,               // [cols] or null
+    const float* x_extra, const float* w_extra_gate, const float* w_extra_val, int n_extra,
+    float* dpre_gate, float* dval,                               // [rows, cols]
+    long long total, int cols)
+{
+    GRID_STRIDE(i, total) {
+        const int c = (int)(i % cols);
+        float pg = gate_bias != nullptr ? pre_gate[i] + gate_bias[c] : pre_gate[i];
+        float vv = val_bias != nullptr ? val[i] + val_bias[c] : val[i];
+        if (x_extra != nullptr) {
+            const int r = i / cols;
+            pg = glu_pre(x_extra, w_extra_gate, n_extra, r, c, cols, pg);
+            vv = glu_pre(x_extra, w_extra_val, n_extra, r, c, cols, vv);
+        }
+        const float g = stable_sigmoid(pg);
+        const float d = dh[i];
+        dpre_gate[i] = d * vv * g * (1.0f - g);
+        dval[i] = d * g;
+    }
+}
+
+// glu_backward_recompute on four consecutive columns per thread (as glu_forward_vec4).
+extern "C" __global__ void glu_backward_recompute_vec4(
+    const float* dh, const float* pre_gate, const float* val, const float* gate_bias, const float* val_bias,
+    const float* x_extra, const float* w_extra_gate, const float* w_extra_val, int n_extra,
+    float* dpre_gate, float* dval, long long total, int cols)
+{
+    const int cols4 = cols >> 2;
+    GRID_STRIDE(t, total >> 2) {
+        const int c4 = t % cols4;
+        float4 pg = ld4(pre_gate, t);
+        float4 vv = ld4(val, t);
+        if (gate_bias != nullptr) {
+            const float4 b = ld4(gate_bias, c4);
+            pg.x += b.x; pg.y += b.y; pg.z += b.z; pg.w += b.w;
+        }
+        if (val_bias != nullptr) {
+            const float4 b = ld4(val_bias, c4);
+            vv.x += b.x; vv.y += b.y; vv.z += b.z; vv.w += b.w;
+        }
+        if (x_extra != nullptr) {
+            const int r = t / cols4;
+            for (int e = 0; e < n_extra; ++e) {
+                const float x = x_extra[r * n_extra + e];
+                const float4 wg = ld4(w_extra_gate + e * cols, c4);
+                const float4 wv = ld4(w_extra_val + e * cols, c4);
+                pg.x += x * wg.x; pg.y += x * wg.y; pg.z += x * wg.z; pg.w += x * wg.w;
+                vv.x += x * wv.x; vv.y += x * wv.y; vv.z += x * wv.z; vv.w += x * wv.w;
+            }
+        }
+        const float4 d = ld4(dh, t);
+        const float4 g = make_float4(stable_sigmoid(pg.x), stable_sigmoid(pg.y),
+                                     stable_sigmoid(pg.z), stable_sigmoid(pg.w));
+        st4(dpre_gate, t, make_float4(d.x * vv.x * g.x * (1.0f - g.x), d.y * vv.y * g.y * (1.0f - g.y),
+                                      d.z * vv.z * g.z * (1.0f - g.z), d.w * vv.w * g.w * (1.0f - g.w)));
+        st4(dval, t, make_float4(d.x * g.x, d.y * g.y, d.z * g.z, d.w * g.w));
+    }
+}
+
 extern "C" __global__ void bias_relu_forward(
     const float* x,                      // [rows, cols]
     const float* bias,                   // [cols]
@@ -145,19 +217,38 @@ extern "C" __global__ void relu_backward(
     }
 }
 
+// m may be null (a forward whose caches are not kept writes only z).
 extern "C" __global__ void vsn_forward(
     const float* h2,                     // [rows, cols]
     const float* mpre,                   // [rows, cols] h2 @ W_vsn
     const float* bias,                   // [cols] or null
-    float* m,                            // [rows, cols]
+    float* m,                            // [rows, cols] or null
     float* z,                            // [rows, cols]
     long long total, int cols)
 {
     GRID_STRIDE(i, total) {
         const float pre = bias != nullptr ? mpre[i] + bias[(int)(i % cols)] : mpre[i];
         const float s = stable_sigmoid(pre);
-        m[i] = s;
+        if (m != nullptr) m[i] = s;
         z[i] = h2[i] * s;
+    }
+}
+
+// vsn_forward on four consecutive columns per thread (as glu_forward_vec4).
+extern "C" __global__ void vsn_forward_vec4(
+    const float* h2, const float* mpre, const float* bias, float* m, float* z, long long total, int cols)
+{
+    const int cols4 = cols >> 2;
+    GRID_STRIDE(t, total >> 2) {
+        float4 p = ld4(mpre, t);
+        if (bias != nullptr) {
+            const float4 b = ld4(bias, t % cols4);
+            p.x += b.x; p.y += b.y; p.z += b.z; p.w += b.w;
+        }
+        const float4 s = make_float4(stable_sigmoid(p.x), stable_sigmoid(p.y), stable_sigmoid(p.z), stable_sigmoid(p.w));
+        if (m != nullptr) st4(m, t, s);
+        const float4 h = ld4(h2, t);
+        st4(z, t, make_float4(h.x * s.x, h.y * s.y, h.z * s.z, h.w * s.w));
     }
 }
 

@@ -11,6 +11,8 @@ device so that each activation makes as few trips through memory as possible:
 * a branch's input columns beyond the shared features ``z`` (the magnitude branch's direction Q,
   branch-input stages) are never concatenated to ``z``: their rank-E share of the
   pre-activations is added inside the GLU kernel, and their gradients come from small GEMMs;
+* the GLU forward writes only its output ``h``: the backward recomputes the gate and the value
+  from the two GEMM outputs it keeps (and writes their gradients over them);
 * the advantage GEMMs write straight into one advantage buffer, and the value and advantage
   biases are added by the dueling kernel as it reads them;
 * the 51-column value head and each branch's 153-column advantage block are computed 52 and 156
@@ -127,7 +129,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
     h1 = mm(x, _block(p, "trunk.w1", (x.shape[1], net.settings.shared_h1)), bias=p["trunk.b1"], relu=True)
     h2 = mm(h1, p["trunk.w2"], bias=p["trunk.b2"], relu=True)
     mpre = mm(h2, p["vsn.w"], bias=p["vsn.b"])
-    m, z = K.vsn_forward(h2, mpre, m=mpre)
+    m, z = K.vsn_forward(h2, mpre, m=mpre, keep=keep_cache)
     Nv = padded(N)
     hcol = head_columns(offs, N, HEAD_ALIGN)  # each branch's block of the advantage row
     v = mm(z, _block(p, "value.w", (H2, Nv)))  # [B, Nv]; its bias is added by the dueling kernel
@@ -157,11 +159,11 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
         xe = _extra_inputs(net, d, q, extra_cols)
         pv = cp.empty((2, B, H), dtype=cp.float32)  # [z W_gate, z W_val]
         cublas.matmul_group([z, z], [wg[:H2], wv[:H2]], [pv[0], pv[1]])
-        if sigmoid_gate:
+        if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
             gate, h = K.glu_forward(
                 pv[0], pv[1], gate_bias=p[f"branch{d}.b_gate"], val_bias=p[f"branch{d}.b_val"],
-                x_extra=xe, w_extra_gate=wg[H2:], w_extra_val=wv[H2:], keep=keep_cache)
-            gcache, val = None, pv[1]
+                x_extra=xe, w_extra_gate=wg[H2:], w_extra_val=wv[H2:], keep=False)
+            gcache, val = None, None
         else:
             pre, val = pv[0], pv[1]
             if xe is not None:
@@ -175,7 +177,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
         if d == DIRECTION:  # the magnitude branch reads the direction branch's expected Q
             dueling((0, 1), want + ("q",))
         if keep_cache:
-            branches[d] = dict(xe=xe, gate=gate, gcache=gcache, val=val, h=h)
+            branches[d] = dict(xe=xe, pv=pv, gate=gate, gcache=gcache, val=val, h=h)
     dueling((1, D), want)
     cache = None
     if keep_cache:
@@ -246,10 +248,13 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         dh_in = mm(dh, _block(p, f"branch{d}.w_out", wide).T)
         mm(bc["h"].T, dh, out=slot_block(f"branch{d}.w_out", wide))
         colsum(dh[:, : (offs[d + 1] - offs[d]) * N], slot(f"branch{d}.b_out"))
-        dpv = cp.empty((2, B, H), dtype=cp.float32)  # [d pre_gate, d val]
-        if sigmoid_gate:
-            K.glu_backward(dh_in, bc["gate"], bc["val"], dpre_gate=dpv[0], dval=dpv[1])
+        if sigmoid_gate:  # [d pre_gate, d val], in place of the forward's [pre_gate, val]
+            dpv = bc["pv"]
+            K.glu_backward_recompute(
+                dh_in, dpv[0], dpv[1], gate_bias=p[f"branch{d}.b_gate"], val_bias=p[f"branch{d}.b_val"],
+                x_extra=bc["xe"], w_extra_gate=wg[H2:], w_extra_val=wv[H2:], dpre_gate=dpv[0], dval=dpv[1])
         else:
+            dpv = cp.empty((2, B, H), dtype=cp.float32)  # [d pre_gate, d val]
             dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dh_in * bc["val"])
             dpv[0] = dpre
             cp.multiply(dh_in, bc["gate"], out=dpv[1])

@@ -70,9 +70,10 @@ def test_relu_backward(cp, rng, with_addend):
     assert_close("dx", out, ref, TOL)
 
 
+@pytest.mark.parametrize("H", [256, 37])  # float4 kernel, scalar kernel
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_vsn_forward_and_backward(cp, rng, with_bias):
-    B, H = 200, 256
+def test_vsn_forward_and_backward(cp, rng, with_bias, H):
+    B = 200
     h2 = np.maximum(_rand(rng, B, H), 0).astype(np.float32)
     mpre, b, dz = _rand(rng, B, H, scale=5.0), _rand(rng, H), _rand(rng, B, H)
     m, z = K.vsn_forward(to_dev(cp, h2), to_dev(cp, mpre), bias=to_dev(cp, b) if with_bias else None,
@@ -80,6 +81,13 @@ def test_vsn_forward_and_backward(cp, rng, with_bias):
     rm, rz = R.vsn_forward(host64(h2), host64(mpre), host64(b) if with_bias else None)
     assert_close("m", m, rm, TOL)
     assert_close("z", z, rz, TOL)
+    # Without keep only z is written (m stays as it was: here, in place over mpre).
+    dmpre_in = to_dev(cp, mpre)
+    m2, z2 = K.vsn_forward(to_dev(cp, h2), dmpre_in, bias=to_dev(cp, b) if with_bias else None, m=dmpre_in,
+                           z=nan_like(cp, (B, H)), keep=False)
+    assert m2 is None
+    assert_close("z (no keep)", z2, rz, TOL)
+    assert_close("mpre untouched", dmpre_in, mpre, 1e-7)
     dh2, dmpre = K.vsn_backward(to_dev(cp, dz), to_dev(cp, h2), m,
                                 dh2=nan_like(cp, (B, H)), dmpre=nan_like(cp, (B, H)))
     rdh2, rdmpre = R.vsn_backward(host64(dz), host64(h2), host64(m))

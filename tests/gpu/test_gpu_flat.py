@@ -73,3 +73,26 @@ def test_adam_on_flat_views_equals_adam_on_separate_arrays():
     for o, k, v in flat.items():
         np.testing.assert_array_equal(v, sep[o][k])
     assert not flat.buffer[5 * 6 : 64].any()  # padding untouched
+
+
+def test_padded_storage_blocks():
+    f = FlatTree(SHAPES, align=16, storage={"core": {"w": (8, 8)}})
+    w, blk = f.view("core", "w"), f.storage["core"]["w"]
+    assert w.shape == (5, 7) and blk.shape == (8, 8) and np.shares_memory(w, blk)
+    assert f.slots["core"]["b"].offset == 64  # the block's 64 floats come first
+    assert f.tree["core"].storage == {"w": blk} and f.storage_shapes() == {"core": {"w": (8, 8)}, "plugin": {},
+                                                                           "empty_owner": {}}
+    w[...] = 1.0  # the view is the block's top-left corner; the rest of the block stays zero
+    assert blk[:5, :7].sum() == 35.0 and blk.sum() == 35.0
+    g = f.zeros_like()
+    assert g.storage["core"]["w"].shape == (8, 8) and g.view("core", "w").shape == (5, 7)
+    c = f.copy()
+    assert np.array_equal(c.buffer, f.buffer) and not np.shares_memory(c.buffer, f.buffer)
+    loaded = FlatTree.from_tree({"core": {"w": np.full((5, 7), 2.0)}}, storage={"core": {"w": (5, 8)}})
+    assert loaded.storage["core"]["w"].sum() == 70.0 and not loaded.storage["core"]["w"][:, 7].any()
+
+
+@pytest.mark.parametrize("block", [(4, 8), (5, 6), (8,), (5, 7, 1)])
+def test_storage_must_hold_the_tensor(block):
+    with pytest.raises(ValueError, match="core/w: storage"):
+        FlatTree(SHAPES, storage={"core": {"w": block}})

@@ -186,6 +186,31 @@ def test_glu_forward_with_extra_columns(cp, rng, E, keep, H):
         assert_close("val untouched", dval, val, 1e-7)
 
 
+@pytest.mark.parametrize("H", [96, 37])  # float4 kernel, scalar kernel
+@pytest.mark.parametrize("E", [0, 3])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_glu_backward_recomputes_gate_and_value(cp, rng, E, H, in_place):
+    B = 257
+    pre = rng.normal(size=(B, H)).astype(np.float32)
+    val = rng.normal(size=(B, H)).astype(np.float32)
+    dh = rng.normal(size=(B, H)).astype(np.float32)
+    bg, bv = (rng.normal(size=H).astype(np.float32) for _ in range(2))
+    xe = rng.normal(size=(B, E)).astype(np.float32)
+    weg, wev = (rng.normal(size=(E, H)).astype(np.float32) for _ in range(2))
+    rdp, rdv = R.glu_backward_recompute(host64(dh), host64(pre), host64(val), host64(bg), host64(bv), host64(xe),
+                                        host64(weg), host64(wev))
+    dpre, dvl = to_dev(cp, pre), to_dev(cp, val)
+    outs = dict(dpre_gate=dpre, dval=dvl) if in_place else dict(dpre_gate=nan_like(cp, (B, H)),
+                                                                 dval=nan_like(cp, (B, H)))
+    got = K.glu_backward_recompute(to_dev(cp, dh), dpre, dvl, gate_bias=to_dev(cp, bg), val_bias=to_dev(cp, bv),
+                                   x_extra=to_dev(cp, xe) if E else None, w_extra_gate=to_dev(cp, weg),
+                                   w_extra_val=to_dev(cp, wev), **outs)
+    assert_close("dpre_gate", got[0], rdp, TOL)
+    assert_close("dval", got[1], rdv, TOL)
+    if not in_place:
+        assert_close("pre untouched", dpre, pre, 1e-7)
+
+
 def _fp32():
     from foxhunt_core.gpu import cublas
 

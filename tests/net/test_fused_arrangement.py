@@ -66,9 +66,9 @@ def _kernels() -> types.SimpleNamespace:
     """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
     branch subsets and skipped outputs as the kernels do."""
 
-    def vsn_forward(h2, mpre, *, bias=None, m=None, z=None):
+    def vsn_forward(h2, mpre, *, bias=None, m=None, z=None, keep=True):
         rm, rz = R.vsn_forward(h2, mpre, bias)
-        return _put(m, rm), _put(z, rz)
+        return (_put(m, rm) if keep else None), _put(z, rz)
 
     def glu_forward(pre_gate, val, *, gate_bias=None, val_bias=None, x_extra=None, w_extra_gate=None,
                     w_extra_val=None, keep=True, gate=None, h=None):
@@ -80,6 +80,11 @@ def _kernels() -> types.SimpleNamespace:
 
     def glu_backward(dh, gate, val, *, dpre_gate=None, dval=None):
         a, b = R.glu_backward(dh, gate, val)
+        return _put(dpre_gate, a), _put(dval, b)
+
+    def glu_backward_recompute(dh, pre_gate, val, *, gate_bias=None, val_bias=None, x_extra=None,
+                               w_extra_gate=None, w_extra_val=None, dpre_gate=None, dval=None):
+        a, b = R.glu_backward_recompute(dh, pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val)
         return _put(dpre_gate, a), _put(dval, b)
 
     def relu_backward(dy, y, *, addend=None, out=None):
@@ -122,7 +127,7 @@ def _kernels() -> types.SimpleNamespace:
         return dv, dadv
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
-        vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward,
+        vsn_forward, glu_forward, glu_backward, glu_backward_recompute, relu_backward, vsn_backward,
         dueling_softmax_forward, dueling_backward)})
 
 
