@@ -201,12 +201,16 @@ class Agent:
             grads = self.net.backward(self.online, out, dlogits)
 
         q = self._qpipe(self.online, out, keep_cache=True)
-        y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
         if fused:
+            from .gpu import cublas
+
+            # E[m_d] [B, D] as one GEMV (rather than a multiply and a reduction kernel).
+            y = cublas.matmul(m.reshape(B * D, -1), self.z.reshape(-1, 1)).reshape(B, D)
             err = K.gather_actions(xp.ascontiguousarray(q.q_coord), idx, self.offsets) - y
             aux = t.aux_weight * (err * err).mean()
             dq = K.scatter_actions(xp.ascontiguousarray(2.0 * t.aux_weight / (B * D) * err), idx, self.offsets)
         else:
+            y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
             err = xp.take_along_axis(q.q_coord, idx, axis=1) - y
             aux = t.aux_weight * (err * err).mean()
             dq = xp.zeros_like(q.q_coord)

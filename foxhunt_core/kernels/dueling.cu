@@ -38,16 +38,23 @@ __constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
 __constant__ int kAdvColumns[NUM_BRANCHES + 1] = ADV_COLUMNS;
 __constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
 
-__device__ __forceinline__ float warp_sum(float x) {
+// Warp-wide max / sum of M values per lane at once.
+template <int M>
+__device__ __forceinline__ void warp_max_n(float (&x)[M]) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
-    return x;
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) x[i] = fmaxf(x[i], __shfl_xor_sync(FULL_MASK, x[i], o));
+    }
 }
 
-__device__ __forceinline__ float warp_max(float x) {
+template <int M>
+__device__ __forceinline__ void warp_sum_n(float (&x)[M]) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
-    return x;
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < M; ++i) x[i] += __shfl_xor_sync(FULL_MASK, x[i], o);
+    }
 }
 
 // logits[b, a, :] = v[b, :] + adv[b, a, :] - mean_{a' in branch(a)} adv[b, a', :]
@@ -115,44 +122,59 @@ extern "C" __global__ void dueling_softmax_forward(
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) mean[k] /= (float)n;
 
+        // The branch's actions side by side: each warp reduction below runs for all of them at
+        // once (independent shuffles interleave), instead of one dependent chain per action.
+        float lg[MAX_BRANCH_SIZE][ATOMS_PER_LANE], mx[MAX_BRANCH_SIZE], se[MAX_BRANCH_SIZE];
 #pragma unroll
         for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-            if (i >= n) break;
-            float lg[ATOMS_PER_LANE];
-            float mx = neg_inf;
+            mx[i] = neg_inf;
 #pragma unroll
             for (int k = 0; k < ATOMS_PER_LANE; ++k) {
                 const int j = lane + 32 * k;
-                lg[k] = j < NUM_ATOMS ? (vv[k] + ad[i][k]) - mean[k] : neg_inf;
-                mx = fmaxf(mx, lg[k]);
+                lg[i][k] = i < n && j < NUM_ATOMS ? (vv[k] + ad[i][k]) - mean[k] : neg_inf;
+                mx[i] = fmaxf(mx[i], lg[i][k]);
             }
-            mx = warp_max(mx);
-            float se = 0.0f;
+        }
+        warp_max_n(mx);
+#pragma unroll
+        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+            se[i] = 0.0f;
 #pragma unroll
             for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                lg[k] -= mx;  // padded atoms stay at -inf and contribute exp(-inf) = 0
-                se += expf(lg[k]);
+                lg[i][k] -= mx[i];  // padded atoms stay at -inf and contribute exp(-inf) = 0
+                if (i < n) se[i] += expf(lg[i][k]);
             }
-            const float lse = logf(warp_sum(se));
-            float s1 = 0.0f, s2 = 0.0f;
+        }
+        warp_sum_n(se);
+        float s1[MAX_BRANCH_SIZE], s2[MAX_BRANCH_SIZE];
+#pragma unroll
+        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+            s1[i] = 0.0f;
+            s2[i] = 0.0f;
+            if (i >= n) continue;
+            const float lse = logf(se[i]);
             const long long base = (b * NUM_ACTIONS + a0 + i) * NUM_ATOMS;
 #pragma unroll
             for (int k = 0; k < ATOMS_PER_LANE; ++k) {
                 const int j = lane + 32 * k;
                 if (j < NUM_ATOMS) {
-                    const float lp = lg[k] - lse;
+                    const float lp = lg[i][k] - lse;
                     const float p = expf(lp);
                     if (log_probs != nullptr) log_probs[base + j] = lp;
                     if (probs != nullptr) probs[base + j] = p;
-                    s1 += p * zz[k];
-                    s2 += p * zz[k] * zz[k];
+                    s1[i] += p * zz[k];
+                    s2[i] += p * zz[k] * zz[k];
                 }
             }
-            s1 = warp_sum(s1);
-            s2 = warp_sum(s2);
-            if (lane == 0) {
-                q[b * NUM_ACTIONS + a0 + i] = s1;
-                if (var != nullptr) var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2 - s1 * s1, 0.0f);
+        }
+        warp_sum_n(s1);
+        warp_sum_n(s2);
+        if (lane == 0) {
+#pragma unroll
+            for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
+                if (i >= n) break;
+                q[b * NUM_ACTIONS + a0 + i] = s1[i];
+                if (var != nullptr) var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2[i] - s1[i] * s1[i], 0.0f);
             }
         }
     }
