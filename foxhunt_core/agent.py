@@ -92,8 +92,10 @@ class Agent:
             # kept in zero-padded blocks; the target network has the same layout.
             flat = FlatTree.from_tree(self.online, storage={"core": storage_shapes(self.net)})
             self.online = flat.tree
-            self.target: Tree = flat.copy().tree
+            self._flats = (flat, flat.copy())
+            self.target: Tree = self._flats[1].tree
         else:
+            self._flats = None
             self.target = tree_copy(self.online)
         t = settings.train
         self.opt = Adam(self.online, t.lr, tuple(t.adam_betas), t.adam_eps, t.grad_clip)
@@ -240,6 +242,9 @@ class Agent:
         return q_statistics(q, out.probs, self.offsets, thr)
 
     def sync_target(self) -> None:
+        if self._flats is not None:  # one copy of the whole buffer
+            self._flats[1].buffer[...] = self._flats[0].buffer
+            return
         for o, sub in self.online.items():
             for k, v in sub.items():
                 self.target[o][k][...] = v

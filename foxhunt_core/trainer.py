@@ -296,7 +296,12 @@ class Trainer:
 
 
 def _without_steps(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings as compared on load: the step total may grow when a run is extended."""
-    out = json.loads(json.dumps(settings))
-    out["train"].pop("steps", None)
+    """Settings as compared on load: through the schema (a setting added since the checkpoint was
+    written compares at its default), without the step total (it may grow when a run is
+    extended)."""
+    try:
+        out = RunSettings.model_validate(settings).model_dump(mode="json")
+    except ValueError:  # not valid settings: compared as they are, so they differ
+        out = json.loads(json.dumps(settings))
+    out.get("train", {}).pop("steps", None)
     return out

@@ -112,6 +112,21 @@ def test_checkpoint_of_other_settings_is_refused(tmp_path):
         Trainer(tiny(steps=20), plugin_set(["center"]), None).load(tmp_path / "r" / CHECKPOINT)
 
 
+def test_checkpoint_from_before_a_new_setting_loads(tmp_path):
+    """A setting added since a checkpoint was written compares at its default."""
+    from foxhunt_core.checkpoint import load_checkpoint, save_checkpoint
+
+    tr = Trainer(tiny(steps=20), PluginSet(), tmp_path / "r")
+    tr.train()
+    path = tmp_path / "r" / CHECKPOINT
+    tensors, meta = load_checkpoint(path)
+    del meta["settings"]["train"]["gemm_autotune"]
+    save_checkpoint(path, tensors, meta)
+    again = Trainer(tiny(steps=20), PluginSet(), None)
+    again.load(path)
+    assert again.step == tr.step
+
+
 def test_run_directory_contents(tmp_path):
     tr = Trainer(tiny(steps=40), PluginSet(), tmp_path / "r")
     tr.train()

@@ -84,6 +84,18 @@ def test_gpu_update_matches_cpu_update(with_stages):
             d_cpu = v - before[o][k]
             d_gpu = _host(gpu.online[o][k]) - before[o][k]
             assert _rel(d_gpu, d_cpu) < 2e-2, f"{o}/{k} after Adam"
+    # The padded weight blocks of the flat buffers: their padding stays zero through the step,
+    # and the target network (same layout) takes all of it in one copy.
+    for owner, blocks in gpu.online.items():
+        for k, blk in getattr(blocks, "storage", {}).items():
+            r, c = gpu.online[owner][k].shape
+            host = _host(blk)
+            assert not host[r:].any() and not host[:, c:].any(), f"{owner}/{k}: padding written"
+    assert gpu.online["core"].storage, "the fused path pads the head weights"
+    gpu.sync_target()
+    for o, s in gpu.online.items():
+        for k, v in s.items():
+            assert cp.array_equal(gpu.target[o][k], v), f"target {o}/{k}"
 
 
 @pytest.mark.parametrize("with_stages", [False, True], ids=["core", "with-stages"])
