@@ -102,6 +102,7 @@ __all__ = [
 Array = Any
 F32 = np.float32
 WARPS = THREADS // 32
+ROW_BLOCKS_PER_SM = 4  # blocks per SM of the C51 loss, whose warps walk several rows each
 
 
 def _elementwise_grid(total: int) -> int:
@@ -365,7 +366,7 @@ def c51_target_loss(
         check_array(k, "entropy_coeff", coeff, F32, (1,))
     fn = _kernel("c51_loss.cu", k, defines)
     fn(
-        (blocks_for(B * D, WARPS),),
+        (blocks_for(B * D, WARPS, ROW_BLOCKS_PER_SM * sm_count()),),  # warps walk several rows
         (THREADS,),
         (p_next, next_action, reward, discount, log_probs_taken, action, z, coeff, f32(scale),
          m, dlogits, loss, entropy, i32(B), i32(D), i32(A or 0), i32(int(dlogits_full))),

@@ -4,7 +4,7 @@
 // NumPy twins: foxhunt_core/c51.py (project, loss_and_grad) and the scaling by 1 / (B * D) in
 // foxhunt_core/agent.py (Agent.loss_and_grads). Launch wrapper: foxhunt_core/gpu/kernels.py.
 //
-// Thread mapping: one warp per row (b, d), lane l holds atoms l, l + 32, ...
+// Thread mapping: one warp per row (b, d) at a time, lane l holds atoms l, l + 32, ...
 // The projection is written as a gather rather than a scatter, which is the same Eq. 7:
 //   b_j = clip((clip(r + gamma_b z_j, v_min, v_max) - v_min) / dz, 0, N - 1)
 //   m_i = sum_j p_j * max(0, 1 - |b_j - i|)
@@ -64,23 +64,35 @@ extern "C" __global__ void c51_target_loss(
     const float dz = (v_max - v_min) / (float)(NUM_ATOMS - 1);
     const long long rows = (long long)batch * num_branches;
 
-    for (long long row = (long long)blockIdx.x * C51_WARPS + w; row < rows;
-         row += (long long)gridDim.x * C51_WARPS) {
+    // Each warp walks rows with a grid stride and loads the next row's probabilities before
+    // working on this one (their latency overlaps the projection).
+    const long long stride = (long long)gridDim.x * C51_WARPS;
+    long long row = (long long)blockIdx.x * C51_WARPS + w;
+    float lp_next[ATOMS_PER_LANE], pn_next[ATOMS_PER_LANE];
+    auto fetch = [&](long long r) {
+        const long long b = r / num_branches;
+        const long long lb = action != nullptr ? (b * num_actions + action[r]) * NUM_ATOMS : r * NUM_ATOMS;
+        const long long pb = next_action != nullptr ? (b * num_actions + next_action[r]) * NUM_ATOMS : r * NUM_ATOMS;
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            const int i = lane + 32 * k;
+            lp_next[k] = i < NUM_ATOMS ? log_probs[lb + i] : 0.0f;
+            pn_next[k] = i < NUM_ATOMS ? p_next[pb + i] : 0.0f;
+        }
+    };
+    if (row < rows) fetch(row);
+    for (; row < rows; row += stride) {
         const long long b = row / num_branches;
         const float r = reward[b];
         const float g = discount[b];
         const long long base = row * NUM_ATOMS;
-        const long long lp_base = action != nullptr
-            ? (b * num_actions + action[row]) * NUM_ATOMS : base;
-        const long long pn_base = next_action != nullptr
-            ? (b * num_actions + next_action[row]) * NUM_ATOMS : base;
-        // Load this lane's log-probabilities now, so that their latency overlaps the projection.
-        float lp[ATOMS_PER_LANE];
+        float lp[ATOMS_PER_LANE], pn[ATOMS_PER_LANE];
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int i = lane + 32 * k;
-            lp[k] = i < NUM_ATOMS ? log_probs[lp_base + i] : 0.0f;
+            lp[k] = lp_next[k];
+            pn[k] = pn_next[k];
         }
+        if (row + stride < rows) fetch(row + stride);  // in flight while this row is worked on
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
@@ -88,7 +100,7 @@ extern "C" __global__ void c51_target_loss(
                 const float tz = fminf(fmaxf(r + g * z[j], v_min), v_max);
                 // Clip the fractional index too: (v_max - v_min) / dz can round a hair above N - 1.
                 s_b[w][j] = fminf(fmaxf((tz - v_min) / dz, 0.0f), (float)(NUM_ATOMS - 1));
-                s_p[w][j] = p_next[pn_base + j];
+                s_p[w][j] = pn[k];
             }
         }
         __syncwarp();
