@@ -23,27 +23,30 @@ from foxhunt_core.config import NetSettings, RunSettings  # noqa: E402
 from foxhunt_core.plugins import PluginSet  # noqa: E402
 
 
-def peer_names(sizes: int) -> dict[str, tuple[str, bool]]:
-    """foxhunt core parameter name -> (peer parameter name, transposed)."""
+def peer_names(sizes: int, adv_h: int) -> dict[str, tuple[str, bool, slice | None]]:
+    """foxhunt core parameter name -> (peer parameter name, transposed, the peer rows it fills)."""
     m = {"trunk.w1": ("fc1.weight", True), "trunk.b1": ("fc1.bias", False),
          "trunk.w2": ("fc2.weight", True), "trunk.b2": ("fc2.bias", False),
          "vsn.w": ("vsn.weight", True), "vsn.b": ("vsn.bias", False),
          "value.w": ("value.weight", True), "value.b": ("value.bias", False),
          "attn.emb": ("emb", False), "attn.wq": ("wq", False), "attn.wk": ("wk", False),
          "attn.gate": ("agate", False)}
+    m = {k: v + (None,) for k, v in m.items()}
+    gate, val = slice(0, adv_h), slice(adv_h, 2 * adv_h)  # the peer's joint GLU Linear: [gate; value]
     for d in range(sizes):
-        for ours, theirs in (("w_gate", "gate"), ("w_val", "val"), ("w_out", "out")):
-            m[f"branch{d}.{ours}"] = (f"{theirs}.{d}.weight", True)
-            m[f"branch{d}.b{ours[1:]}"] = (f"{theirs}.{d}.bias", False)
+        for ours, theirs, rows in (("w_gate", "glu", gate), ("w_val", "glu", val), ("w_out", "out", None)):
+            m[f"branch{d}.{ours}"] = (f"{theirs}.{d}.weight", True, rows)
+            m[f"branch{d}.b{ours[1:]}"] = (f"{theirs}.{d}.bias", False, rows)
     return m
 
 
 def load_into(peer: PeerNet, core: dict[str, np.ndarray], names) -> None:
     params = dict(peer.named_parameters())
     with torch.no_grad():
-        for ours, (theirs, transpose) in names.items():
+        for ours, (theirs, transpose, rows) in names.items():
             v = torch.from_numpy(np.asarray(core[ours], dtype=np.float64))
-            params[theirs].copy_(v.T if transpose else v)
+            dst = params[theirs] if rows is None else params[theirs][rows]
+            dst.copy_(v.T if transpose else v)
 
 
 def main() -> int:
@@ -71,7 +74,7 @@ def main() -> int:
     kw = dict(h1=net.shared_h1, h2=net.shared_h2, adv_h=net.adv_h, num_atoms=net.num_atoms,
               attn_dim=net.attn_dim, v_min=net.v_min, v_max=net.v_max, dtype=torch.float64)
     online, target = PeerNet(**kw).double(), PeerNet(**kw).double()
-    names = peer_names(4)
+    names = peer_names(4, net.adv_h)
     load_into(online, agent.online["core"], names)
     load_into(target, agent.target["core"], names)
     tb = tuple(torch.from_numpy(np.asarray(batch[k])) for k in ("obs", "next_obs", "action", "reward", "terminal"))
@@ -80,8 +83,9 @@ def main() -> int:
     theirs = float(loss.detach())
     worst = 0.0
     params = dict(online.named_parameters())
-    for k, (pn, transpose) in names.items():
+    for k, (pn, transpose, rows) in names.items():
         g = params[pn].grad.numpy()
+        g = g if rows is None else g[rows]
         g = g.T if transpose else g
         err = np.abs(g - grads["core"][k]).max() / max(np.abs(g).max(), 1e-12)
         worst = max(worst, err)

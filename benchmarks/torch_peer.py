@@ -41,8 +41,8 @@ class PeerNet(nn.Module):
         self.fc1, self.fc2 = nn.Linear(state_dim, h1), nn.Linear(h1, h2)
         self.vsn, self.value = nn.Linear(h2, h2), nn.Linear(h2, num_atoms)
         ins = [h2 + (sizes[0] if d == 1 else 0) for d in range(len(sizes))]
-        self.gate = nn.ModuleList(nn.Linear(i, adv_h) for i in ins)
-        self.val = nn.ModuleList(nn.Linear(i, adv_h) for i in ins)
+        # Each GLU's gate and value layers as one Linear (one GEMM for both, as foxhunt does).
+        self.glu = nn.ModuleList(nn.Linear(i, 2 * adv_h) for i in ins)
         self.out = nn.ModuleList(nn.Linear(adv_h, n * num_atoms) for n in sizes)
         k = attn_dim
         self.emb = nn.Parameter(torch.randn(self.A, k))
@@ -51,7 +51,8 @@ class PeerNet(nn.Module):
         self.agate = nn.Parameter(torch.zeros(self.A))
 
     def branch_logits(self, v, u, d):
-        h = torch.sigmoid(self.gate[d](u)) * self.val[d](u)
+        gate, val = self.glu[d](u).chunk(2, dim=1)
+        h = torch.sigmoid(gate) * val
         adv = self.out[d](h).view(u.shape[0], self.sizes[d], self.N)
         return v[:, None, :] + adv - adv.mean(dim=1, keepdim=True)
 

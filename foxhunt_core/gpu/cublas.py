@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from . import cublaslt
@@ -250,76 +249,3 @@ def _epilogue_passes(out: Any, bias: Any, relu: bool) -> None:
         out += bias
     if relu:
         cupy.maximum(out, 0, out=out)
-
-
-def _stride(arrays: Sequence[Any]) -> int | None:
-    """The constant element stride between consecutive arrays' first elements (0 when they are
-    all the same array), or ``None`` if there is none (or it is negative)."""
-    isz = arrays[0].itemsize
-    ptrs = [x.data.ptr for x in arrays]
-    step = ptrs[1] - ptrs[0] if len(ptrs) > 1 else 0
-    if step < 0 or step % isz or any(q - p != step for p, q in zip(ptrs, ptrs[1:])):
-        return None
-    return step // isz
-
-
-def matmul_group(a_list: Sequence[Any], b_list: Sequence[Any], outs: Sequence[Any], beta: float = 0.0) -> None:
-    """``outs[i] = a_list[i] @ b_list[i] + beta * outs[i]`` for equally shaped 2-D products.
-
-    When each list's operands lie at one constant distance from each other in memory (the same
-    array repeated counts, at distance 0) and share their layout, this is a single strided-batched
-    GEMM; otherwise one GEMM per product. The network uses it for the gate and value halves of
-    each GLU, whose weights (and gradient slots) sit at a fixed distance in the flat buffers.
-    """
-    n = len(a_list)
-    if not n == len(b_list) == len(outs) or n == 0:
-        raise ValueError("cublas matmul_group: the three lists must have the same, non-zero length")
-    dtype = a_list[0].dtype
-    M, K = a_list[0].shape
-    N = b_list[0].shape[1]
-    for a, b, o in zip(a_list, b_list, outs):
-        if a.dtype != dtype or b.dtype != dtype:
-            raise TypeError("cublas matmul_group: operands must share one dtype")
-        if a.shape != (M, K) or b.shape != (K, N):
-            raise ValueError(f"cublas matmul_group: shapes {a.shape} @ {b.shape}, expected {(M, K)} @ {(K, N)}")
-        _out_operand(o, M, N, dtype, "cublas matmul_group")
-    layouts = [[_layout_of(x) for x in xs] for xs in (a_list, b_list)]
-    strides = [_stride(xs) for xs in (a_list, b_list, outs)]
-    same_layout = all(len(set(ls)) == 1 and ls[0] is not None for ls in layouts)
-    same_ldc = len({o.strides[0] for o in outs}) == 1
-    if n == 1 or not same_layout or not same_ldc or any(s is None for s in strides) or strides[2] == 0:
-        for a, b, o in zip(a_list, b_list, outs):
-            matmul(a, b, out=o, beta=beta)
-        return
-    if M == 0 or N == 0:
-        return
-    if K == 0:
-        if beta == 0.0:
-            for o in outs:
-                o.fill(0)
-        return
-    (op_a, lda), (op_b, ldb) = layouts[0][0], layouts[1][0]
-    ldc = outs[0].strides[0] // outs[0].itemsize
-    dtype_id, compute, scalar = _types(dtype)
-    h = _handle()
-    alpha, cbeta = scalar(1.0), scalar(beta)
-    st = _load().cublasGemmStridedBatchedEx(
-        h.ptr, op_b, op_a, N, M, K, ctypes.byref(alpha), ctypes.c_void_p(b_list[0].data.ptr), dtype_id, ldb,
-        strides[1], ctypes.c_void_p(a_list[0].data.ptr), dtype_id, lda, strides[0],
-        ctypes.byref(cbeta), ctypes.c_void_p(outs[0].data.ptr), dtype_id, ldc, strides[2], n, compute,
-        GEMM_DEFAULT)
-    _check(st, "cublasGemmStridedBatchedEx")
-
-
-def _layout_of(x: Any) -> tuple[int, int] | None:
-    """``(op, ld)`` of a 2-D operand usable in place (no copy), else ``None``."""
-    isz = x.itemsize
-    r, c = x.strides[0] // isz, x.strides[1] // isz
-    rows, cols = x.shape
-    if x.strides[0] % isz or x.strides[1] % isz:
-        return None
-    if c == 1 and (r >= max(cols, 1) or rows == 1):
-        return OP_N, max(r, cols, 1)
-    if r == 1 and (c >= max(rows, 1) or cols == 1):
-        return OP_T, max(c, rows, 1)
-    return None

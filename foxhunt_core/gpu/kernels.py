@@ -20,7 +20,8 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
 - ``c51_target_loss``: ``c51.project`` + ``c51.loss_and_grad`` (gradient / (B D), as
   ``agent.py``), optionally reading the chosen rows of whole outputs and writing the gradient
   over all actions; a warp per (sample, branch).
-- ``glu_forward/backward/backward_recompute``, ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
+- ``glu_forward/backward`` (the gate and value GEMM outputs side by side, the backward
+  recomputing both), ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
   the GLU (with a branch's extra input columns), trunk and VSN lines of ``network.py`` with
   ``layers.sigmoid/relu``; a thread per element (four per thread, ``float4``, for the GLU
   forward where the rows allow).
@@ -87,7 +88,6 @@ __all__ = [
     "dueling_softmax_forward",
     "expected_q_backward",
     "glu_backward",
-    "glu_backward_recompute",
     "gather_actions",
     "glu_forward",
     "q_stats_keys",
@@ -385,117 +385,70 @@ def _matrix(k: str, name: str, a: Array) -> tuple[int, int]:
     return a.shape
 
 
-def glu_forward(
-    pre_gate: Array,
-    val: Array,
-    *,
-    gate_bias: Array | None = None,
-    val_bias: Array | None = None,
-    x_extra: Array | None = None,
-    w_extra_gate: Array | None = None,
-    w_extra_val: Array | None = None,
-    keep: bool = True,
-    gate: Array | None = None,
-    h: Array | None = None,
-) -> tuple[Array | None, Array]:
-    """GLU: ``gate = sigmoid(pre_gate + gate_bias + x_extra w_extra_gate)``,
-    ``h = gate * (val + val_bias + x_extra w_extra_val)``.
-
-    ``pre_gate``/``val`` [B, H] are the GEMM outputs ``z W_gate``/``z W_val``; ``x_extra`` [B, E]
-    are further input columns (their weights [E, H]). With ``keep`` the full value
-    pre-activation is written back into ``val`` and the gate returned (the backward needs both);
-    without, only ``h`` is written and the gate is None. Returns ``(gate, h)``.
-    """
-    k = "glu_forward"
-    B, H = _matrix(k, "pre_gate", pre_gate)
-    check_array(k, "val", val, F32, (B, H))
-    for name, b in (("gate_bias", gate_bias), ("val_bias", val_bias)):
-        if b is not None:
-            check_array(k, name, b, F32, (H,))
+def _glu_args(k: str, pv: Array, bias: Array | None, x_extra: Array | None,
+              w_extra: Array | None) -> tuple[int, int, int, Array | None, Array | None]:
+    """Checks of the GLU's joint inputs; ``(B, H, E, x_extra, w_extra)`` (None when E = 0)."""
+    B, H2 = _matrix(k, "pv", pv)
+    if H2 % 2:
+        raise ValueError(f"{k}: pv has {H2} columns; the joint layout [gate | value] needs an even number")
+    H = H2 // 2
+    if bias is not None:
+        check_array(k, "bias", bias, F32, (H2,))
     E = 0
     if x_extra is not None:
         E = _matrix(k, "x_extra", x_extra)[1]
         check_array(k, "x_extra", x_extra, F32, (B, E))
-        if w_extra_gate is None or w_extra_val is None:
-            raise ValueError(f"{k}: x_extra needs w_extra_gate and w_extra_val")
-        check_array(k, "w_extra_gate", w_extra_gate, F32, (E, H))
-        check_array(k, "w_extra_val", w_extra_val, F32, (E, H))
-        if E == 0:
-            x_extra = w_extra_gate = w_extra_val = None
-    gate = output(k, "gate", gate, (B, H)) if keep else None
-    h = output(k, "h", h, (B, H))
-    total = B * H
-    arrays = (pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, gate, h)
+        if w_extra is None:
+            raise ValueError(f"{k}: x_extra needs w_extra")
+        check_array(k, "w_extra", w_extra, F32, (E, H2))
+    if E == 0:
+        x_extra = w_extra = None
+    return B, H, E, x_extra, w_extra
+
+
+def _glu_launch(k: str, arrays: tuple, H: int, total: int, args: tuple) -> None:
     vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
-    _kernel("elementwise.cu", "glu_forward_vec4" if vec4 else k)(
-        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
-        (pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, i32(E), i32(int(keep)),
-         gate, h, i64(total), i32(H)),
-    )
-    return gate, h
+    _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), args + (i64(total), i32(H)))
+
+
+def glu_forward(
+    pv: Array,
+    *,
+    bias: Array | None = None,
+    x_extra: Array | None = None,
+    w_extra: Array | None = None,
+    h: Array | None = None,
+) -> Array:
+    """GLU over the joint layout: ``pv`` [B, 2H] is ``[z W_gate | z W_val]`` (one GEMM with the
+    two weights side by side), ``bias`` [2H] is ``[b_gate | b_val]``, ``x_extra`` [B, E] are
+    further input columns with weights ``w_extra`` [E, 2H]. Returns
+    ``h = sigmoid(gate pre-activation) * value`` [B, H]."""
+    k = "glu_forward"
+    B, H, E, x_extra, w_extra = _glu_args(k, pv, bias, x_extra, w_extra)
+    h = output(k, "h", h, (B, H))
+    _glu_launch(k, (pv, bias, x_extra, w_extra, h), H, B * H, (pv, bias, x_extra, w_extra, i32(E), h))
+    return h
 
 
 def glu_backward(
-    dh: Array, gate: Array, val: Array, *, dpre_gate: Array | None = None, dval: Array | None = None
-) -> tuple[Array, Array]:
-    """``(dpre_gate, dval) = (dh * val * gate * (1 - gate), dh * gate)`` for the sigmoid GLU."""
-    k = "glu_backward"
-    B, H = _matrix(k, "dh", dh)
-    check_array(k, "gate", gate, F32, (B, H))
-    check_array(k, "val", val, F32, (B, H))
-    dpre_gate = output(k, "dpre_gate", dpre_gate, (B, H))
-    dval = output(k, "dval", dval, (B, H))
-    total = B * H
-    _kernel("elementwise.cu", k)(
-        (_elementwise_grid(total),), (THREADS,), (dh, gate, val, dpre_gate, dval, i64(total))
-    )
-    return dpre_gate, dval
-
-
-def glu_backward_recompute(
     dh: Array,
-    pre_gate: Array,
-    val: Array,
+    pv: Array,
     *,
-    gate_bias: Array | None = None,
-    val_bias: Array | None = None,
+    bias: Array | None = None,
     x_extra: Array | None = None,
-    w_extra_gate: Array | None = None,
-    w_extra_val: Array | None = None,
-    dpre_gate: Array | None = None,
-    dval: Array | None = None,
-) -> tuple[Array, Array]:
-    """:func:`glu_backward` from the forward's GEMM outputs ``pre_gate``/``val`` [B, H] (as
-    :func:`glu_forward` takes them, with the same biases and extra columns) instead of its cached
-    gate and value, which are recomputed. ``dpre_gate=pre_gate, dval=val`` runs in place."""
-    k = "glu_backward_recompute"
-    B, H = _matrix(k, "dh", dh)
-    check_array(k, "pre_gate", pre_gate, F32, (B, H))
-    check_array(k, "val", val, F32, (B, H))
-    for name, b in (("gate_bias", gate_bias), ("val_bias", val_bias)):
-        if b is not None:
-            check_array(k, name, b, F32, (H,))
-    E = 0
-    if x_extra is not None:
-        E = _matrix(k, "x_extra", x_extra)[1]
-        if w_extra_gate is None or w_extra_val is None:
-            raise ValueError(f"{k}: x_extra needs w_extra_gate and w_extra_val")
-        check_array(k, "x_extra", x_extra, F32, (B, E))
-        check_array(k, "w_extra_gate", w_extra_gate, F32, (E, H))
-        check_array(k, "w_extra_val", w_extra_val, F32, (E, H))
-        if E == 0:
-            x_extra = w_extra_gate = w_extra_val = None
-    dpre_gate = output(k, "dpre_gate", dpre_gate, (B, H))
-    dval = output(k, "dval", dval, (B, H))
-    total = B * H
-    arrays = (dh, pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, dpre_gate, dval)
-    vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
-    _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
-        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
-        (dh, pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val, i32(E),
-         dpre_gate, dval, i64(total), i32(H)),
-    )
-    return dpre_gate, dval
+    w_extra: Array | None = None,
+    dpv: Array | None = None,
+) -> Array:
+    """Backward of :func:`glu_forward` from its inputs (the gate and value are recomputed, the
+    forward keeps nothing else): ``dpv`` [B, 2H] = ``[d gate pre-activation | d value]``, with
+    ``dpre = dh * val * gate * (1 - gate)``, ``dval = dh * gate``. ``dpv=pv`` runs in place."""
+    k = "glu_backward"
+    B, H, E, x_extra, w_extra = _glu_args(k, pv, bias, x_extra, w_extra)
+    check_array(k, "dh", dh, F32, (B, H))
+    dpv = output(k, "dpv", dpv, (B, 2 * H))
+    _glu_launch(k, (dh, pv, bias, x_extra, w_extra, dpv), H, B * H, (dh, pv, bias, x_extra, w_extra, i32(E), dpv))
+    return dpv
 
 
 def bias_relu_forward(x: Array, bias: Array, *, out: Array | None = None) -> Array:

@@ -120,28 +120,23 @@ def c51_target_loss(
     return m, dl * scale, loss, ent
 
 
-def glu_forward(pre_gate: Array, val: Array, gate_bias: Array | None = None,
-                val_bias: Array | None = None, x_extra: Array | None = None,
-                w_extra_gate: Array | None = None, w_extra_val: Array | None = None) -> tuple[Array, Array, Array]:
-    """``(gate, h, full value pre-activation)``; ``x_extra`` [B, E] adds ``x_extra @ w_extra_*``."""
-    pre = pre_gate if gate_bias is None else pre_gate + gate_bias
-    val = val if val_bias is None else val + val_bias
+def glu_forward(pv: Array, bias: Array | None = None, x_extra: Array | None = None,
+                w_extra: Array | None = None) -> tuple[Array, Array, Array]:
+    """``(gate, h, value)`` of the GLU over the joint layout: ``pv`` [B, 2H] = ``[pre_gate | val]``,
+    ``bias`` [2H], ``x_extra`` [B, E] adding ``x_extra @ w_extra`` ([E, 2H])."""
+    full = pv if bias is None else pv + bias
     if x_extra is not None:
-        pre = pre + x_extra @ w_extra_gate
-        val = val + x_extra @ w_extra_val
-    gate = L.sigmoid(pre)
-    return gate, gate * val, val
+        full = full + x_extra @ w_extra
+    H = pv.shape[1] // 2
+    gate = L.sigmoid(full[:, :H])
+    return gate, gate * full[:, H:], full[:, H:]
 
 
-def glu_backward(dh: Array, gate: Array, val: Array) -> tuple[Array, Array]:
-    return L.sigmoid_backward(gate, dh * val), dh * gate
-
-
-def glu_backward_recompute(dh: Array, pre_gate: Array, val: Array, gate_bias: Array | None = None,
-                           val_bias: Array | None = None, x_extra: Array | None = None,
-                           w_extra_gate: Array | None = None, w_extra_val: Array | None = None) -> tuple[Array, Array]:
-    gate, _, full_val = glu_forward(pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val)
-    return glu_backward(dh, gate, full_val)
+def glu_backward(dh: Array, pv: Array, bias: Array | None = None, x_extra: Array | None = None,
+                 w_extra: Array | None = None) -> Array:
+    """``[d pre_gate | d val]`` [B, 2H] of :func:`glu_forward`."""
+    gate, _, val = glu_forward(pv, bias, x_extra, w_extra)
+    return np.concatenate([L.sigmoid_backward(gate, dh * val), dh * gate], axis=1)
 
 
 def bias_relu_forward(x: Array, bias: Array) -> Array:

@@ -1,9 +1,8 @@
 // Elementwise layers of the network between its GEMMs: forward and backward.
 //
 // NumPy twins (foxhunt_core/net/layers.py and foxhunt_core/net/network.py):
-//   glu_forward        gate = sigmoid(pre + b_gate + x_e W_e,g), val += b_val + x_e W_e,v, h = gate * val
-//   glu_backward       dpre = dh * val * gate * (1 - gate), dval = dh * gate
-//   glu_backward_recompute  the same from the forward's GEMM outputs (gate and val recomputed)
+//   glu_forward        gate = sigmoid(pre + b_gate + x_e W_e,g), val = v + b_val + x_e W_e,v, h = gate * val
+//   glu_backward       dpre = dh * val * gate * (1 - gate), dval = dh * gate  (gate, val recomputed)
 //   bias_relu_forward  y = relu(x + b)                                               (trunk layers)
 //   relu_backward      dx = (dy + addend) * (y > 0)                                  (addend optional)
 //   vsn_forward        m = sigmoid(mpre + b), z = h2 * m                             (variable selection)
@@ -25,170 +24,123 @@ __device__ __forceinline__ float stable_sigmoid(float x) {
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
+// The GLU works on the joint layout of a branch's two GEMM outputs: pv [rows, 2 cols] holds the
+// gate pre-activation in its first `cols` columns and the value in the last `cols` (one GEMM with
+// the gate and value weights side by side); the biases are one [2 cols] vector and the extra
+// columns' weights one [n_extra, 2 cols] matrix the same way.
 // x_extra [rows, n_extra] are the branch's input columns beyond the shared features z (the
 // magnitude branch's direction Q, branch-input stages): their rank-n_extra share of the two
 // pre-activations, x_extra W_extra, is added here instead of widening the GEMM's input.
-// With keep == 0 (a forward whose caches are not kept) only h is written.
+// The forward writes only h; the backward recomputes gate and value the same way from pv (so
+// the update keeps no [rows, cols] caches of them) and may write its gradient over pv.
+__device__ __forceinline__ void glu_inputs(const float* pv, const float* bias, const float* x_extra,
+                                           const float* w_extra, int n_extra, int r, int c, int cols,
+                                           float& pg, float& vv) {
+    const int w2 = 2 * cols;
+    pg = pv[r * w2 + c];
+    vv = pv[r * w2 + cols + c];
+    if (bias != nullptr) {
+        pg += bias[c];
+        vv += bias[cols + c];
+    }
+    for (int e = 0; e < n_extra; ++e) {
+        const float x = x_extra[r * n_extra + e];
+        pg += x * w_extra[e * w2 + c];
+        vv += x * w_extra[e * w2 + cols + c];
+    }
+}
+
 extern "C" __global__ void glu_forward(
-    const float* pre_gate,               // [rows, cols]  z W_gate[:H]
-    float* val,                          // [rows, cols]  z W_val[:H]; receives the full pre-activation when keep
-    const float* gate_bias,              // [cols] or null
-    const float* val_bias,               // [cols] or null
-    const float* x_extra,                // [rows, n_extra] or null
-    const float* w_extra_gate,           // [n_extra, cols]
-    const float* w_extra_val,            // [n_extra, cols]
-    int n_extra, int keep,
-    float* gate,                         // [rows, cols]
+    const float* pv,                     // [rows, 2 cols]  [z W_gate | z W_val]
+    const float* bias,                   // [2 cols] [b_gate | b_val] or null
+    const float* x_extra,                // [rows, n_extra] or null (then n_extra = 0)
+    const float* w_extra,                // [n_extra, 2 cols]
+    int n_extra,
     float* h,                            // [rows, cols]
     long long total, int cols)
 {
     GRID_STRIDE(i, total) {
-        const int c = (int)(i % cols);
-        float pg = gate_bias != nullptr ? pre_gate[i] + gate_bias[c] : pre_gate[i];
-        float vv = val_bias != nullptr ? val[i] + val_bias[c] : val[i];
-        if (x_extra != nullptr) {
-            const int r = i / cols;
-            for (int e = 0; e < n_extra; ++e) {
-                const float x = x_extra[r * n_extra + e];
-                pg += x * w_extra_gate[e * cols + c];
-                vv += x * w_extra_val[e * cols + c];
-            }
-        }
-        const float s = stable_sigmoid(pg);
-        if (keep) {
-            val[i] = vv;  // the backward needs the full value pre-activation
-            gate[i] = s;
-        }
-        h[i] = s * vv;
-    }
-}
-
-// glu_forward on four consecutive columns per thread (float4 loads and stores): the same
-// arithmetic, for rows whose width is a multiple of 4 and arrays aligned to 16 bytes (the
-// wrapper checks both and otherwise launches glu_forward). `total` and `cols` count floats.
-__device__ __forceinline__ float4 ld4(const float* p, int i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ __forceinline__ void st4(float* p, int i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
-
-extern "C" __global__ void glu_forward_vec4(
-    const float* pre_gate, float* val, const float* gate_bias, const float* val_bias,
-    const float* x_extra, const float* w_extra_gate, const float* w_extra_val,
-    int n_extra, int keep, float* gate, float* h, long long total, int cols)
-{
-    const int cols4 = cols >> 2;
-    GRID_STRIDE(t, total >> 2) {
-        const int c4 = t % cols4;
-        float4 pg = ld4(pre_gate, t);
-        float4 vv = ld4(val, t);
-        if (gate_bias != nullptr) {
-            const float4 b = ld4(gate_bias, c4);
-            pg.x += b.x; pg.y += b.y; pg.z += b.z; pg.w += b.w;
-        }
-        if (val_bias != nullptr) {
-            const float4 b = ld4(val_bias, c4);
-            vv.x += b.x; vv.y += b.y; vv.z += b.z; vv.w += b.w;
-        }
-        if (x_extra != nullptr) {
-            const int r = t / cols4;
-            for (int e = 0; e < n_extra; ++e) {
-                const float x = x_extra[r * n_extra + e];
-                const float4 wg = ld4(w_extra_gate + e * cols, c4);
-                const float4 wv = ld4(w_extra_val + e * cols, c4);
-                pg.x += x * wg.x; pg.y += x * wg.y; pg.z += x * wg.z; pg.w += x * wg.w;
-                vv.x += x * wv.x; vv.y += x * wv.y; vv.z += x * wv.z; vv.w += x * wv.w;
-            }
-        }
-        const float4 sg = make_float4(stable_sigmoid(pg.x), stable_sigmoid(pg.y),
-                                      stable_sigmoid(pg.z), stable_sigmoid(pg.w));
-        if (keep) {
-            st4(val, t, vv);
-            st4(gate, t, sg);
-        }
-        st4(h, t, make_float4(sg.x * vv.x, sg.y * vv.y, sg.z * vv.z, sg.w * vv.w));
+        const int r = i / cols, c = i - r * cols;
+        float pg, vv;
+        glu_inputs(pv, bias, x_extra, w_extra, n_extra, r, c, cols, pg, vv);
+        h[i] = stable_sigmoid(pg) * vv;
     }
 }
 
 extern "C" __global__ void glu_backward(
-    const float* dh, const float* gate, const float* val,   // [total]
-    float* dpre_gate, float* dval,                          // [total]
-    long long total)
-{
-    GRID_STRIDE(i, total) {
-        const float g = gate[i];
-        const float d = dh[i];
-        const float dgate = d * val[i];
-        dpre_gate[i] = dgate * g * (1.0f - g);
-        dval[i] = d * g;
-    }
-}
-
-// The GLU backward from the forward's GEMM outputs instead of its cached gate and value: both
-// are recomputed exactly as glu_forward forms them (biases, the extra columns' share), so the
-// forward of an update writes only h -- two [rows, cols] arrays fewer through memory each way.
-// dpre_gate / dval may alias pre_gate / val (the update writes them in place).
-__device__ __forceinline__ float glu_pre(const float* x_extra, const float* w_extra, int n_extra, int r, int c,
-                                         int cols, float acc) {
-    for (int e = 0; e < n_extra; ++e) acc += x_extra[r * n_extra + e] * w_extra[e * cols + c];
-    return acc;
-}
-
-extern "C" __global__ void glu_backward_recompute(
-    const float* dh, const float* pre_gate, const float* val,   // [rows, cols]
-    const float* gate_bias, const float* val_bias,               // [cols] or null
-    const float* x_extra, const float* w_extra_gate, const float* w_extra_val, int n_extra,
-    float* dpre_gate, float* dval,                               // [rows, cols]
+    const float* dh,                     // [rows, cols]
+    const float* pv,                     // [rows, 2 cols] the forward's input
+    const float* bias, const float* x_extra, const float* w_extra, int n_extra,   // as glu_forward
+    float* dpv,                          // [rows, 2 cols] [d pre_gate | d val]; may be pv
     long long total, int cols)
 {
     GRID_STRIDE(i, total) {
-        const int c = (int)(i % cols);
-        float pg = gate_bias != nullptr ? pre_gate[i] + gate_bias[c] : pre_gate[i];
-        float vv = val_bias != nullptr ? val[i] + val_bias[c] : val[i];
-        if (x_extra != nullptr) {
-            const int r = i / cols;
-            pg = glu_pre(x_extra, w_extra_gate, n_extra, r, c, cols, pg);
-            vv = glu_pre(x_extra, w_extra_val, n_extra, r, c, cols, vv);
-        }
+        const int r = i / cols, c = i - r * cols;
+        float pg, vv;
+        glu_inputs(pv, bias, x_extra, w_extra, n_extra, r, c, cols, pg, vv);
         const float g = stable_sigmoid(pg);
         const float d = dh[i];
-        dpre_gate[i] = d * vv * g * (1.0f - g);
-        dval[i] = d * g;
+        dpv[r * 2 * cols + c] = d * vv * g * (1.0f - g);
+        dpv[r * 2 * cols + cols + c] = d * g;
     }
 }
 
-// glu_backward_recompute on four consecutive columns per thread (as glu_forward_vec4).
-extern "C" __global__ void glu_backward_recompute_vec4(
-    const float* dh, const float* pre_gate, const float* val, const float* gate_bias, const float* val_bias,
-    const float* x_extra, const float* w_extra_gate, const float* w_extra_val, int n_extra,
-    float* dpre_gate, float* dval, long long total, int cols)
+// The same four consecutive columns per thread (float4 loads and stores), for rows whose width
+// is a multiple of 4 and arrays aligned to 16 bytes (the wrappers check both and otherwise
+// launch the kernels above). `total` and `cols` count floats.
+__device__ __forceinline__ float4 ld4(const float* p, int i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ void st4(float* p, int i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
+__device__ __forceinline__ void add4(float4& a, float4 b) { a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w; }
+__device__ __forceinline__ void fma4(float4& a, float x, float4 b) {
+    a.x += x * b.x; a.y += x * b.y; a.z += x * b.z; a.w += x * b.w;
+}
+
+__device__ __forceinline__ void glu_inputs4(const float* pv, const float* bias, const float* x_extra,
+                                            const float* w_extra, int n_extra, int r, int c4, int cols4,
+                                            float4& pg, float4& vv) {
+    const int w4 = 2 * cols4;
+    pg = ld4(pv, r * w4 + c4);
+    vv = ld4(pv, r * w4 + cols4 + c4);
+    if (bias != nullptr) {
+        add4(pg, ld4(bias, c4));
+        add4(vv, ld4(bias, cols4 + c4));
+    }
+    for (int e = 0; e < n_extra; ++e) {
+        const float x = x_extra[r * n_extra + e];
+        fma4(pg, x, ld4(w_extra, e * w4 + c4));
+        fma4(vv, x, ld4(w_extra, e * w4 + cols4 + c4));
+    }
+}
+
+extern "C" __global__ void glu_forward_vec4(
+    const float* pv, const float* bias, const float* x_extra, const float* w_extra, int n_extra,
+    float* h, long long total, int cols)
 {
     const int cols4 = cols >> 2;
     GRID_STRIDE(t, total >> 2) {
-        const int c4 = t % cols4;
-        float4 pg = ld4(pre_gate, t);
-        float4 vv = ld4(val, t);
-        if (gate_bias != nullptr) {
-            const float4 b = ld4(gate_bias, c4);
-            pg.x += b.x; pg.y += b.y; pg.z += b.z; pg.w += b.w;
-        }
-        if (val_bias != nullptr) {
-            const float4 b = ld4(val_bias, c4);
-            vv.x += b.x; vv.y += b.y; vv.z += b.z; vv.w += b.w;
-        }
-        if (x_extra != nullptr) {
-            const int r = t / cols4;
-            for (int e = 0; e < n_extra; ++e) {
-                const float x = x_extra[r * n_extra + e];
-                const float4 wg = ld4(w_extra_gate + e * cols, c4);
-                const float4 wv = ld4(w_extra_val + e * cols, c4);
-                pg.x += x * wg.x; pg.y += x * wg.y; pg.z += x * wg.z; pg.w += x * wg.w;
-                vv.x += x * wv.x; vv.y += x * wv.y; vv.z += x * wv.z; vv.w += x * wv.w;
-            }
-        }
+        const int r = t / cols4, c4 = t - r * cols4;
+        float4 pg, vv;
+        glu_inputs4(pv, bias, x_extra, w_extra, n_extra, r, c4, cols4, pg, vv);
+        st4(h, t, make_float4(stable_sigmoid(pg.x) * vv.x, stable_sigmoid(pg.y) * vv.y,
+                              stable_sigmoid(pg.z) * vv.z, stable_sigmoid(pg.w) * vv.w));
+    }
+}
+
+extern "C" __global__ void glu_backward_vec4(
+    const float* dh, const float* pv, const float* bias, const float* x_extra, const float* w_extra,
+    int n_extra, float* dpv, long long total, int cols)
+{
+    const int cols4 = cols >> 2;
+    GRID_STRIDE(t, total >> 2) {
+        const int r = t / cols4, c4 = t - r * cols4;
+        float4 pg, vv;
+        glu_inputs4(pv, bias, x_extra, w_extra, n_extra, r, c4, cols4, pg, vv);
         const float4 d = ld4(dh, t);
         const float4 g = make_float4(stable_sigmoid(pg.x), stable_sigmoid(pg.y),
                                      stable_sigmoid(pg.z), stable_sigmoid(pg.w));
-        st4(dpre_gate, t, make_float4(d.x * vv.x * g.x * (1.0f - g.x), d.y * vv.y * g.y * (1.0f - g.y),
-                                      d.z * vv.z * g.z * (1.0f - g.z), d.w * vv.w * g.w * (1.0f - g.w)));
-        st4(dval, t, make_float4(d.x * g.x, d.y * g.y, d.z * g.z, d.w * g.w));
+        st4(dpv, r * 2 * cols4 + c4, make_float4(d.x * vv.x * g.x * (1.0f - g.x), d.y * vv.y * g.y * (1.0f - g.y),
+                                                 d.z * vv.z * g.z * (1.0f - g.z), d.w * vv.w * g.w * (1.0f - g.w)));
+        st4(dpv, r * 2 * cols4 + cols4 + c4, make_float4(d.x * g.x, d.y * g.y, d.z * g.z, d.w * g.w));
     }
 }
 

@@ -6,13 +6,15 @@ device so that each activation makes as few trips through memory as possible:
 * GEMMs through cuBLASLt (:mod:`foxhunt_core.gpu.cublas`) with the trunk's bias + ReLU and the
   VSN bias fused into the GEMM's epilogue; the VSN mask, the GLU and dueling
   aggregation + log-softmax + E[Q] + Var[Q] each in one kernel (:mod:`foxhunt_core.gpu.kernels`);
-* the gate and value halves of a GLU are one strided-batched GEMM in the forward (their weights
-  sit at a fixed distance in the flat parameter buffer);
+* each GLU's gate and value weights sit side by side in one [K, 2H] block of the flat parameter
+  buffer (their biases in one [2H] vector): one GEMM computes both pre-activations, and the
+  backward has one weight-gradient GEMM, one bias column sum and one input-gradient GEMM
+  (K = 2H) per branch;
 * a branch's input columns beyond the shared features ``z`` (the magnitude branch's direction Q,
   branch-input stages) are never concatenated to ``z``: their rank-E share of the
   pre-activations is added inside the GLU kernel, and their gradients come from small GEMMs;
 * the GLU forward writes only its output ``h``: the backward recomputes the gate and the value
-  from the two GEMM outputs it keeps (and writes their gradients over them);
+  from the GEMM output it keeps (and writes their gradients over it);
 * the advantage GEMMs write straight into one advantage buffer, and the value and advantage
   biases are added by the dueling kernel as it reads them;
 * the 51-column value head and each branch's 153-column advantage block are computed 52 and 156
@@ -60,20 +62,35 @@ def colsum(x: Array, out: Array) -> Array:
     return mm(cublas.ones_row(x.shape[0], x.dtype), x, out=out.reshape(1, -1))
 
 
-def storage_shapes(net: Any) -> dict[str, Shape]:
-    """The core weights this path wants in zero-padded blocks, ``{name: (rows, cols)}``: the
-    value head's and each branch's output columns, and the input rows of the trunk and of a
-    branch whose input width is not a multiple of 4 (the observation's 50 features; the
-    magnitude branch's ``shared_h2`` + the direction Q)."""
+def storage_shapes(net: Any) -> dict[str, Any]:
+    """How this path wants the core's weights stored (a :class:`~foxhunt_core.gpu.flat.FlatTree`
+    storage spec, ``{name: block shape or Shared(...)}``):
+
+    * zero-padded blocks for the value head's and each branch's output columns (51 -> 52,
+      153 -> 156) and the trunk's input rows (the observation's 50 features -> 52), so that cuBLAS
+      runs those GEMMs on its aligned kernels;
+    * each GLU's gate and value weights side by side in one [K, 2 adv_h] block (K the branch's
+      input width rounded up to 4: the magnitude branch's ``shared_h2`` + the direction Q), and
+      its two biases in one [2 adv_h] vector: one GEMM computes both pre-activations, and the
+      backward has one input-gradient GEMM (K = 2 adv_h), one weight-gradient GEMM and one
+      bias column sum per branch instead of two each.
+    """
+    from ..gpu.flat import Shared
+
     s, N = net.settings, net.num_atoms
-    out = {"trunk.w1": ((s.state_dim, s.shared_h1), (padded(s.state_dim), s.shared_h1)),
-           "value.w": ((s.shared_h2, N), (s.shared_h2, padded(N)))}
+    out: dict[str, Any] = {}
+    for name, shape, block in (("trunk.w1", (s.state_dim, s.shared_h1), (padded(s.state_dim), s.shared_h1)),
+                               ("value.w", (s.shared_h2, N), (s.shared_h2, padded(N)))):
+        if shape != block:
+            out[name] = block
     for d, n in enumerate(net.sizes):
-        out[f"branch{d}.w_out"] = ((s.adv_h, n * N), (s.adv_h, padded(n * N)))
-        k = net.in_width[d]
-        for w in ("w_gate", "w_val"):
-            out[f"branch{d}.{w}"] = ((k, s.adv_h), (padded(k), s.adv_h))
-    return {name: block for name, (shape, block) in out.items() if shape != block}
+        if padded(n * N) != n * N:
+            out[f"branch{d}.w_out"] = (s.adv_h, padded(n * N))
+        out[f"branch{d}.w_gate"] = (padded(net.in_width[d]), 2 * s.adv_h)
+        out[f"branch{d}.w_val"] = Shared(f"branch{d}.w_gate", s.adv_h)
+        out[f"branch{d}.b_gate"] = (2 * s.adv_h,)
+        out[f"branch{d}.b_val"] = Shared(f"branch{d}.b_gate", s.adv_h)
+    return out
 
 
 def _block(sub: Any, name: str, shape: Shape) -> Array:
@@ -90,6 +107,23 @@ def _block(sub: Any, name: str, shape: Shape) -> Array:
     blk = cp.zeros(shape, dtype=w.dtype)
     blk[: w.shape[0], : w.shape[1]] = w
     return blk
+
+
+def _glu_joint(sub: Any, d: int, rows: int) -> tuple[Array, Array]:
+    """Branch ``d``'s GLU weights ``[W_gate | W_val]`` [rows, 2H] and biases ``[b_gate | b_val]``
+    [2H]: the flat buffer's joint blocks when the tree has them, else joined copies."""
+    import cupy as cp
+
+    wg, wv = sub[f"branch{d}.w_gate"], sub[f"branch{d}.w_val"]
+    H = wg.shape[1]
+    w, b = storage_of(sub, f"branch{d}.w_gate"), storage_of(sub, f"branch{d}.b_gate")
+    if w is None or tuple(w.shape) != (rows, 2 * H) or storage_of(sub, f"branch{d}.w_val") is not w:
+        w = cp.zeros((rows, 2 * H), dtype=wg.dtype)
+        w[: wg.shape[0], :H] = wg
+        w[: wv.shape[0], H:] = wv
+    if b is None or tuple(b.shape) != (2 * H,) or storage_of(sub, f"branch{d}.b_val") is not b:
+        b = cp.concatenate([sub[f"branch{d}.b_gate"], sub[f"branch{d}.b_val"]])
+    return w, b
 
 
 def _extra_inputs(net: Any, d: int, q: Array, extra_cols: list[Array]) -> Array | None:
@@ -155,22 +189,18 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
     D = len(net.sizes)
     for d in (DIRECTION,) + tuple(i for i in range(D) if i != DIRECTION):
-        wg, wv = p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"]
+        width = net.in_width[d]
+        wj, bj = _glu_joint(p, d, padded(width))  # [W_gate | W_val], [b_gate | b_val]
         xe = _extra_inputs(net, d, q, extra_cols)
-        pv = cp.empty((2, B, H), dtype=cp.float32)  # [z W_gate, z W_val]
-        cublas.matmul_group([z, z], [wg[:H2], wv[:H2]], [pv[0], pv[1]])
+        pv = mm(z, wj[:H2])  # [z W_gate | z W_val], [B, 2H]
         if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
-            gate, h = K.glu_forward(
-                pv[0], pv[1], gate_bias=p[f"branch{d}.b_gate"], val_bias=p[f"branch{d}.b_val"],
-                x_extra=xe, w_extra_gate=wg[H2:], w_extra_val=wv[H2:], keep=False)
-            gcache, val = None, None
+            h = K.glu_forward(pv, bias=bj, x_extra=xe, w_extra=wj[H2:width] if xe is not None else None)
+            gate = gcache = val = None
         else:
-            pre, val = pv[0], pv[1]
             if xe is not None:
-                mm(xe, wg[H2:], out=pre, beta=1.0)
-                mm(xe, wv[H2:], out=val, beta=1.0)
-            pre += p[f"branch{d}.b_gate"]
-            val += p[f"branch{d}.b_val"]
+                mm(xe, wj[H2:width], out=pv, beta=1.0)
+            pv += bj
+            pre, val = pv[:, :H], pv[:, H:]
             gate, gcache = net.gate.forward(cp, gp, d, pre)
             h = gate * val
         mm(h, _block(p, f"branch{d}.w_out", (H, hcol[d + 1] - hcol[d])), out=adv[:, hcol[d] : hcol[d + 1]])
@@ -239,55 +269,62 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     # direction branch's Q, which then enters the direction branch's logit gradient.
     dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D), padded=True)
 
+    def glu_grad_blocks(d: int, rows: int) -> tuple[Array, Array]:
+        """Where branch ``d``'s joint GLU gradients go: the gradient buffer's joint blocks, or
+        scratch blocks whose halves are copied into the slots at the end."""
+        names = (f"branch{d}.w_gate", f"branch{d}.w_val", f"branch{d}.b_gate", f"branch{d}.b_val")
+        sg, sv, sbg, sbv = (slot(n) for n in names)
+        w, b = storage_of(slots, names[0]), storage_of(slots, names[2])
+        if (w is None or tuple(w.shape) != (rows, 2 * H) or storage_of(slots, names[1]) is not w
+                or names[0] not in slots):
+            w = cp.empty((rows, 2 * H), dtype=cp.float32)
+            pending.extend([(sg, w[:, :H]), (sv, w[:, H:])])
+        if b is None or tuple(b.shape) != (2 * H,) or storage_of(slots, names[3]) is not b or names[2] not in slots:
+            b = cp.empty(2 * H, dtype=cp.float32)
+            pending.extend([(sbg, b[:H]), (sbv, b[H:])])
+        return w, b
+
     def branch_backward(d: int) -> Array | None:
         nonlocal dz_started
         bc = c["branches"][d]
-        wg, wv = p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"]
+        width = net.in_width[d]
+        wj, bj = _glu_joint(p, d, padded(width))
         wide = (H, hcol[d + 1] - hcol[d])
         dh = dadv[:, hcol[d] : hcol[d + 1]]  # zeros in the padding
         dh_in = mm(dh, _block(p, f"branch{d}.w_out", wide).T)
         mm(bc["h"].T, dh, out=slot_block(f"branch{d}.w_out", wide))
         colsum(dh[:, : (offs[d + 1] - offs[d]) * N], slot(f"branch{d}.b_out"))
-        if sigmoid_gate:  # [d pre_gate, d val], in place of the forward's [pre_gate, val]
-            dpv = bc["pv"]
-            K.glu_backward_recompute(
-                dh_in, dpv[0], dpv[1], gate_bias=p[f"branch{d}.b_gate"], val_bias=p[f"branch{d}.b_val"],
-                x_extra=bc["xe"], w_extra_gate=wg[H2:], w_extra_val=wv[H2:], dpre_gate=dpv[0], dval=dpv[1])
+        xe = bc["xe"]
+        dpv = bc["pv"]  # [d pre_gate | d val], written over the forward's [pre_gate | val]
+        if sigmoid_gate:
+            K.glu_backward(dh_in, dpv, bias=bj, x_extra=xe, w_extra=wj[H2:width] if xe is not None else None,
+                           dpv=dpv)
         else:
-            dpv = cp.empty((2, B, H), dtype=cp.float32)  # [d pre_gate, d val]
             dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dh_in * bc["val"])
-            dpv[0] = dpre
-            cp.multiply(dh_in, bc["gate"], out=dpv[1])
+            cp.multiply(dh_in, bc["gate"], out=dpv[:, H:])
+            dpv[:, :H] = dpre
             for k, val in gg.items():
                 ggate[k] = ggate[k] + val if k in ggate else val
-        # Weight gradients reduce over the B rows into a small [K, H] output, which cuBLAS only
-        # runs fast with split-K — which it never picks for a strided-batched call (measured:
-        # ~0.6 ms for the pair against ~0.1 ms as two GEMMs at B = 65536). For the same reason
-        # the branch's whole input is formed once rather than its few extra columns being a
-        # separate product of their own.
-        xe = bc["xe"]
-        width = net.in_width[d]
+        # The weight gradient reduces over the B rows into a small [K, 2H] output (split-K in
+        # cuBLAS), so the branch's whole input is formed once, padded to a multiple of 4
+        # columns, rather than its few extra columns being a product of their own.
         if xe is None and padded(width) == width:
             u = z
-        else:  # [z, xe, zeros]: the input, padded to a multiple of 4 columns
+        else:  # [z, xe, zeros]
             u = cp.empty((B, padded(width)), dtype=cp.float32)
             u[:, :H2] = z
             if xe is not None:
                 u[:, H2:width] = xe
             u[:, width:] = 0.0
-        mm(u.T, dpv[0], out=slot_block(f"branch{d}.w_gate", (padded(width), H)))
-        mm(u.T, dpv[1], out=slot_block(f"branch{d}.w_val", (padded(width), H)))
-        colsum(dpv[0], slot(f"branch{d}.b_gate"))
-        colsum(dpv[1], slot(f"branch{d}.b_val"))
-        mm(dpv[0], wg[:H2].T, out=dz, beta=1.0 if dz_started else 0.0)
-        mm(dpv[1], wv[:H2].T, out=dz, beta=1.0)
+        gw, gb = glu_grad_blocks(d, padded(width))
+        mm(u.T, dpv, out=gw)
+        colsum(dpv, gb)
+        mm(dpv, wj[:H2].T, out=dz, beta=1.0 if dz_started else 0.0)  # K = 2H: gate and value at once
         dz_started = True
         if xe is None:
             return None
-        # The extra rows' input gradient, 4-wide where the weights are stored padded (aligned).
-        dxe = mm(dpv[0], _block(p, f"branch{d}.w_gate", (padded(width), H))[H2:].T)
-        mm(dpv[1], _block(p, f"branch{d}.w_val", (padded(width), H))[H2:].T, out=dxe, beta=1.0)
-        return dxe[:, : width - H2]
+        # The extra rows' input gradient, 4 wide over the block's padded rows (aligned).
+        return mm(dpv, wj[H2:].T)[:, : width - H2]
 
     dxes: dict[int, Array | None] = {MAGNITUDE: branch_backward(MAGNITUDE)}
     n_dir = net.sizes[DIRECTION]
@@ -319,7 +356,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     mm(c["x"].T, dh1, out=slot_block("trunk.w1", tuple(c["x"].shape[1:]) + (dh1.shape[1],)))
     colsum(dh1, slot("trunk.b1"))
     for dst, blk in pending:
-        dst[...] = blk[: dst.shape[0], : dst.shape[1]]
+        dst[...] = blk[tuple(slice(0, n) for n in dst.shape)]
 
     grads = {"core": g}
     if net.gate.name in params and net.gate.name != "core":

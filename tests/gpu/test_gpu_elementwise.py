@@ -23,31 +23,17 @@ def _rand(rng, *shape, scale=2.0):
 
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("B,H", SHAPES)
-def test_glu_forward(cp, rng, B, H, with_bias):
-    pre, val = _rand(rng, B, H, scale=6.0), _rand(rng, B, H)  # large |pre|: both sigmoid branches
-    bg, bv = (_rand(rng, H), _rand(rng, H)) if with_bias else (None, None)
-    val_d = to_dev(cp, val)
-    gate, h = K.glu_forward(
-        to_dev(cp, pre), val_d,
-        gate_bias=None if bg is None else to_dev(cp, bg), val_bias=None if bv is None else to_dev(cp, bv),
-        gate=nan_like(cp, (B, H)), h=nan_like(cp, (B, H)),
-    )
-    rg, rh, rval = R.glu_forward(host64(pre), host64(val), None if bg is None else host64(bg),
-                                 None if bv is None else host64(bv))
-    assert_close("gate", gate, rg, TOL)
+def test_glu_forward_and_backward(cp, rng, B, H, with_bias):
+    """The joint layout pv = [pre_gate | val]; the backward recomputes gate and value."""
+    pv = np.concatenate([_rand(rng, B, H, scale=6.0), _rand(rng, B, H)], axis=1)  # large |pre|: both sigmoid branches
+    bias = _rand(rng, 2 * H) if with_bias else None
+    dh = _rand(rng, B, H)
+    dbias = None if bias is None else to_dev(cp, bias)
+    h = K.glu_forward(to_dev(cp, pv), bias=dbias, h=nan_like(cp, (B, H)))
+    _, rh, _ = R.glu_forward(host64(pv), None if bias is None else host64(bias))
     assert_close("h", h, rh, TOL)
-    assert_close("val", val_d, rval, TOL)
-
-
-@pytest.mark.parametrize("B,H", SHAPES)
-def test_glu_backward(cp, rng, B, H):
-    dh, val = _rand(rng, B, H), _rand(rng, B, H)
-    gate = (1.0 / (1.0 + np.exp(-_rand(rng, B, H)))).astype(np.float32)
-    dpre, dval = K.glu_backward(to_dev(cp, dh), to_dev(cp, gate), to_dev(cp, val),
-                                dpre_gate=nan_like(cp, (B, H)), dval=nan_like(cp, (B, H)))
-    rdpre, rdval = R.glu_backward(host64(dh), host64(gate), host64(val))
-    assert_close("dpre_gate", dpre, rdpre, TOL)
-    assert_close("dval", dval, rdval, TOL)
+    dpv = K.glu_backward(to_dev(cp, dh), to_dev(cp, pv), bias=dbias, dpv=nan_like(cp, (B, 2 * H)))
+    assert_close("dpv", dpv, R.glu_backward(host64(dh), host64(pv), None if bias is None else host64(bias)), TOL)
 
 
 @pytest.mark.parametrize("B,H", SHAPES)
@@ -99,7 +85,9 @@ def test_elementwise_wrappers_check_shapes(cp):
     x = cp.zeros((4, 8), cp.float32)
     with pytest.raises(ValueError, match="bias_relu_forward: bias has shape"):
         K.bias_relu_forward(x, cp.zeros(7, cp.float32))
-    with pytest.raises(ValueError, match="glu_backward: gate has shape"):
-        K.glu_backward(x, cp.zeros((4, 7), cp.float32), x)
+    with pytest.raises(ValueError, match="glu_backward: dh has shape"):
+        K.glu_backward(cp.zeros((4, 7), cp.float32), x)
+    with pytest.raises(ValueError, match="glu_forward: pv has 7 columns"):
+        K.glu_forward(cp.zeros((4, 7), cp.float32))
     with pytest.raises(TypeError, match="relu_backward: out must be float32"):
         K.relu_backward(x, x, out=cp.zeros((4, 8), cp.float64))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from foxhunt_core.gpu.flat import FlatTree
+from foxhunt_core.gpu.flat import FlatTree, Shared
 from foxhunt_core.optim import Adam
 
 SHAPES = {"core": {"w": (5, 7), "b": (7,), "s": ()}, "plugin": {"coef": (3, 2, 4)}, "empty_owner": {}}
@@ -96,3 +96,32 @@ def test_padded_storage_blocks():
 def test_storage_must_hold_the_tensor(block):
     with pytest.raises(ValueError, match="core/w: storage"):
         FlatTree(SHAPES, storage={"core": {"w": block}})
+
+
+def test_shared_blocks_hold_two_tensors_side_by_side():
+    shapes = {"core": {"a": (3, 4), "b": (3, 4), "ba": (4,), "bb": (4,), "c": (2,)}}
+    spec = {"core": {"a": (4, 8), "b": Shared("a", 4), "ba": (8,), "bb": Shared("ba", 4)}}
+    f = FlatTree(shapes, align=8, storage=spec)
+    blk = f.storage["core"]["a"]
+    assert blk is f.storage["core"]["b"] and f.storage["core"]["ba"] is f.storage["core"]["bb"]
+    assert f.slots["core"]["b"].size == 0 and f.size == 32 + 8 + 8  # b and bb take no space
+    f.view("core", "a")[...] = 1.0
+    f.view("core", "b")[...] = 2.0
+    f.view("core", "bb")[...] = 3.0
+    assert np.array_equal(blk[:3], np.repeat([[1.0] * 4 + [2.0] * 4], 3, axis=0)) and not blk[3].any()
+    assert np.array_equal(f.storage["core"]["ba"], [0, 0, 0, 0, 3, 3, 3, 3])
+    g = f.zeros_like()
+    assert g.storage["core"]["a"] is g.storage["core"]["b"] and g.size == f.size
+    assert list(f.tree["core"]) == ["a", "b", "ba", "bb", "c"]  # the tree keeps its order
+
+
+@pytest.mark.parametrize("spec,match", [
+    (Shared("a", 2), "does not fit beside a"),   # overlaps a's own columns
+    (Shared("a", 5), "does not fit beside a"),   # runs past the block
+    (Shared("c", 4), "which has none of its own"),
+    (Shared("zz", 4), "which has none of its own"),
+])
+def test_shared_blocks_are_checked(spec, match):
+    storage = {"core": {"a": (3, 8), "b": spec}}
+    with pytest.raises(ValueError, match=match):
+        FlatTree({"core": {"a": (3, 4), "b": (3, 4), "c": (2,)}}, storage=storage)

@@ -3,8 +3,8 @@
 Dueling forward with the biases added on read and outputs skipped; the dueling backward in two
 branch passes with ``dv`` accumulated; the gather/scatter of the chosen actions' rows; the C51
 loss reading whole [B, A, N] outputs at given actions and writing the gradient over all actions;
-the GLU with extra input columns and without caches; cuBLAS products into strided views, with
-``beta``, and grouped (strided-batched) products. Fresh random inputs, outputs poisoned with NaN.
+the GLU (joint [gate | value] layout) with extra input columns, its backward recomputing gate
+and value; cuBLAS products into strided views, with ``beta``. Fresh random inputs, outputs poisoned with NaN.
 
 Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for the kernels (float32 against float64 of the same
 inputs); 1e-6 for the fp32 GEMMs (TF32 off).
@@ -164,51 +164,27 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
 
 @pytest.mark.parametrize("H", [96, 37])  # float4 kernel, scalar kernel
 @pytest.mark.parametrize("E", [0, 3, 5])
-@pytest.mark.parametrize("keep", [True, False])
-def test_glu_forward_with_extra_columns(cp, rng, E, keep, H):
-    B = 301
-    pre = rng.normal(size=(B, H)).astype(np.float32)
-    val = rng.normal(size=(B, H)).astype(np.float32)
-    bg, bv = (rng.normal(size=H).astype(np.float32) for _ in range(2))
-    xe = rng.normal(size=(B, E)).astype(np.float32)
-    weg, wev = (rng.normal(size=(E, H)).astype(np.float32) for _ in range(2))
-    rg, rh, rval = R.glu_forward(host64(pre), host64(val), host64(bg), host64(bv), host64(xe), host64(weg), host64(wev))
-    dval = to_dev(cp, val)
-    gate, h = K.glu_forward(to_dev(cp, pre), dval, gate_bias=to_dev(cp, bg), val_bias=to_dev(cp, bv),
-                            x_extra=to_dev(cp, xe), w_extra_gate=to_dev(cp, weg), w_extra_val=to_dev(cp, wev),
-                            keep=keep, h=nan_like(cp, (B, H)), gate=nan_like(cp, (B, H)) if keep else None)
-    assert_close("h", h, rh, TOL)
-    if keep:
-        assert_close("gate", gate, rg, TOL)
-        assert_close("val", dval, rval, TOL)
-    else:
-        assert gate is None
-        assert_close("val untouched", dval, val, 1e-7)
-
-
-@pytest.mark.parametrize("H", [96, 37])  # float4 kernel, scalar kernel
-@pytest.mark.parametrize("E", [0, 3])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_glu_backward_recomputes_gate_and_value(cp, rng, E, H, in_place):
-    B = 257
-    pre = rng.normal(size=(B, H)).astype(np.float32)
-    val = rng.normal(size=(B, H)).astype(np.float32)
-    dh = rng.normal(size=(B, H)).astype(np.float32)
-    bg, bv = (rng.normal(size=H).astype(np.float32) for _ in range(2))
+def test_glu_with_extra_columns(cp, rng, E, H, in_place):
+    """GLU forward and backward over the joint layout with a branch's extra input columns (their
+    weights: rows of the joint [K, 2H] block); the backward may write over its input."""
+    B = 301
+    pv = rng.normal(size=(B, 2 * H)).astype(np.float32)
+    bias = rng.normal(size=2 * H).astype(np.float32)
     xe = rng.normal(size=(B, E)).astype(np.float32)
-    weg, wev = (rng.normal(size=(E, H)).astype(np.float32) for _ in range(2))
-    rdp, rdv = R.glu_backward_recompute(host64(dh), host64(pre), host64(val), host64(bg), host64(bv), host64(xe),
-                                        host64(weg), host64(wev))
-    dpre, dvl = to_dev(cp, pre), to_dev(cp, val)
-    outs = dict(dpre_gate=dpre, dval=dvl) if in_place else dict(dpre_gate=nan_like(cp, (B, H)),
-                                                                 dval=nan_like(cp, (B, H)))
-    got = K.glu_backward_recompute(to_dev(cp, dh), dpre, dvl, gate_bias=to_dev(cp, bg), val_bias=to_dev(cp, bv),
-                                   x_extra=to_dev(cp, xe) if E else None, w_extra_gate=to_dev(cp, weg),
-                                   w_extra_val=to_dev(cp, wev), **outs)
-    assert_close("dpre_gate", got[0], rdp, TOL)
-    assert_close("dval", got[1], rdv, TOL)
-    if not in_place:
-        assert_close("pre untouched", dpre, pre, 1e-7)
+    we = rng.normal(size=(E, 2 * H)).astype(np.float32)
+    dh = rng.normal(size=(B, H)).astype(np.float32)
+    extra = dict(x_extra=to_dev(cp, xe), w_extra=to_dev(cp, we)) if E else {}
+    d_pv = to_dev(cp, pv)
+    h = K.glu_forward(d_pv, bias=to_dev(cp, bias), h=nan_like(cp, (B, H)), **extra)
+    _, rh, _ = R.glu_forward(host64(pv), host64(bias), host64(xe) if E else None, host64(we) if E else None)
+    assert_close("h", h, rh, TOL)
+    assert_close("pv untouched", d_pv, pv, 1e-7)
+    rdpv = R.glu_backward(host64(dh), host64(pv), host64(bias), host64(xe) if E else None, host64(we) if E else None)
+    out = d_pv if in_place else nan_like(cp, (B, 2 * H))
+    dpv = K.glu_backward(to_dev(cp, dh), d_pv, bias=to_dev(cp, bias), dpv=out, **extra)
+    assert dpv is out
+    assert_close("dpv", dpv, rdpv, TOL)
 
 
 def _fp32():
@@ -233,33 +209,6 @@ def test_matmul_into_a_strided_view_with_beta(cp, rng):
     assert_close("beta=1 into view", buf, ref, 1e-6)
     with pytest.raises(ValueError, match="cublas matmul: out has shape"):
         cublas.matmul(to_dev(cp, a), to_dev(cp, b), out=buf[:, :16])
-
-
-@pytest.mark.parametrize("adjacent", [True, False])
-def test_matmul_group_shared_operand(cp, rng, adjacent):
-    """Two products with one shared left operand (the GLU pair): one strided-batched GEMM when the
-    right operands and outputs sit at a fixed distance, one GEMM each otherwise."""
-    cublas = _fp32()
-    M, Kd, N = 257, 48, 32
-    x = to_dev(cp, rng.normal(size=(M, Kd)))
-    if adjacent:
-        w = to_dev(cp, rng.normal(size=(2, Kd + 3, N)))  # like w_gate/w_val with 3 extra rows
-        w0, w1 = w[0][:Kd], w[1][:Kd]
-        out = nan_like(cp, (2, M, N))
-        o0, o1 = out[0], out[1]
-    else:
-        w0, w1 = to_dev(cp, rng.normal(size=(Kd, N))), to_dev(cp, rng.normal(size=(Kd, N)))
-        o0, o1 = nan_like(cp, (M, N)), nan_like(cp, (M, N))
-    cublas.matmul_group([x, x], [w0, w1], [o0, o1])
-    assert_close("out0", o0, host64(x) @ host64(w0), 1e-6)
-    assert_close("out1", o1, host64(x) @ host64(w1), 1e-6)
-    # transposed shared operand (weight gradients): x.T @ dy for two dy
-    dy = to_dev(cp, rng.normal(size=(2, M, N)))
-    g = nan_like(cp, (2, Kd + 3, N))
-    cublas.matmul_group([x.T, x.T], [dy[0], dy[1]], [g[0][:Kd], g[1][:Kd]])
-    assert_close("grad0", g[0][:Kd], host64(x).T @ host64(dy[0]), 1e-6)
-    assert_close("grad1", g[1][:Kd], host64(x).T @ host64(dy[1]), 1e-6)
-    assert np.isnan(host64(g)[:, Kd:]).all()
 
 
 def _operand(cp, x: np.ndarray, transposed: bool):

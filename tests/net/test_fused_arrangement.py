@@ -3,10 +3,11 @@
 ``fused.py`` runs on CuPy with the core's kernels and cuBLAS. Here the same code runs with NumPy
 standing in for CuPy and the kernels' NumPy twins (``foxhunt_core.gpu.reference``) standing in
 for the kernel wrappers, in float64. That checks the arrangement itself on every CI run — the
-GLU's gate/value GEMM pair, a branch's extra input columns folded into the GLU instead of
-concatenated, the advantage GEMMs writing into one buffer, the biases added by the dueling
-kernel, the dueling backward in two passes, gradients written into flat slots — against the
-reference network. The kernels themselves are checked against the same twins on the GPU
+GLU's gate and value weights joined into one block (one GEMM), a branch's extra input columns
+folded into the GLU instead of concatenated, the zero-padded head and input blocks, the
+advantage GEMMs writing into one buffer, the biases added by the dueling kernel, the dueling
+backward in two passes, gradients written into flat slots (with and without the padded and
+joined storage) — against the reference network. The kernels themselves are checked against the same twins on the GPU
 (``tests/gpu``).
 """
 
@@ -70,22 +71,11 @@ def _kernels() -> types.SimpleNamespace:
         rm, rz = R.vsn_forward(h2, mpre, bias)
         return (_put(m, rm) if keep else None), _put(z, rz)
 
-    def glu_forward(pre_gate, val, *, gate_bias=None, val_bias=None, x_extra=None, w_extra_gate=None,
-                    w_extra_val=None, keep=True, gate=None, h=None):
-        g, rh, rv = R.glu_forward(pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val)
-        if keep:
-            val[...] = rv
-            return _put(gate, g), _put(h, rh)
-        return None, _put(h, rh)
+    def glu_forward(pv, *, bias=None, x_extra=None, w_extra=None, h=None):
+        return _put(h, R.glu_forward(pv, bias, x_extra, w_extra)[1])
 
-    def glu_backward(dh, gate, val, *, dpre_gate=None, dval=None):
-        a, b = R.glu_backward(dh, gate, val)
-        return _put(dpre_gate, a), _put(dval, b)
-
-    def glu_backward_recompute(dh, pre_gate, val, *, gate_bias=None, val_bias=None, x_extra=None,
-                               w_extra_gate=None, w_extra_val=None, dpre_gate=None, dval=None):
-        a, b = R.glu_backward_recompute(dh, pre_gate, val, gate_bias, val_bias, x_extra, w_extra_gate, w_extra_val)
-        return _put(dpre_gate, a), _put(dval, b)
+    def glu_backward(dh, pv, *, bias=None, x_extra=None, w_extra=None, dpv=None):
+        return _put(dpv, R.glu_backward(dh, pv, bias, x_extra, w_extra))
 
     def relu_backward(dy, y, *, addend=None, out=None):
         return _put(out, R.relu_backward(dy, y, addend))
@@ -127,7 +117,7 @@ def _kernels() -> types.SimpleNamespace:
         return dv, dadv
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
-        vsn_forward, glu_forward, glu_backward, glu_backward_recompute, relu_backward, vsn_backward,
+        vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward,
         dueling_softmax_forward, dueling_backward)})
 
 
@@ -140,14 +130,10 @@ def _blas() -> types.SimpleNamespace:
             r = L.relu(r)
         return _put(out, r)
 
-    def matmul_group(a_list, b_list, outs, beta=0.0):
-        for a, b, o in zip(a_list, b_list, outs):
-            matmul(a, b, out=o, beta=beta)
-
     def ones_row(rows, dtype):
         return np.ones((1, rows))
 
-    return types.SimpleNamespace(matmul=matmul, matmul_group=matmul_group, ones_row=ones_row)
+    return types.SimpleNamespace(matmul=matmul, ones_row=ones_row)
 
 
 @pytest.fixture
@@ -175,15 +161,39 @@ def _flat_params(net: BranchingC51, rng, padded: bool = True) -> dict:
     return FlatTree.from_tree(tree, dtype=np.float64, storage=storage)
 
 
-def test_padded_storage_covers_the_unaligned_weights():
+def test_storage_spec_pads_and_joins_the_weights(numpy_fused):
+    from foxhunt_core.gpu.flat import Shared
+
     net = _net(True)  # 11 atoms, branches of 3: 11 -> 12 and 33 -> 36 columns; inputs 16 + 3 + 2 = 21 -> 24 rows
-    shapes = fused.storage_shapes(net)
-    assert shapes["value.w"] == (16, 12)
-    assert shapes["trunk.w1"] == (52, 24)  # the 50 observation features
-    assert all(shapes[f"branch{d}.w_out"] == (12, 36) for d in range(4))
-    assert shapes["branch1.w_gate"] == shapes["branch1.w_val"] == (24, 12)  # 16 + 3 + 2
-    assert shapes["branch3.w_gate"] == (20, 12)  # 16 + 2 (the wide columns) -> 20
-    assert "branch0.w_gate" not in shapes and "branch2.w_val" not in shapes  # 16 rows already
+    spec = fused.storage_shapes(net)
+    assert spec["value.w"] == (16, 12)
+    assert spec["trunk.w1"] == (52, 24)  # the 50 observation features
+    assert all(spec[f"branch{d}.w_out"] == (12, 36) for d in range(4))
+    # Each GLU's gate and value weights side by side (adv_h 12 -> 24 columns), rows padded to 4.
+    assert spec["branch0.w_gate"] == (16, 24) and spec["branch0.w_val"] == Shared("branch0.w_gate", 12)
+    assert spec["branch1.w_gate"] == (24, 24)  # 16 + 3 (direction Q) + 2 (the wide columns) -> 24
+    assert spec["branch3.w_gate"] == (20, 24)  # 16 + 2 -> 20
+    assert spec["branch2.b_gate"] == (24,) and spec["branch2.b_val"] == Shared("branch2.b_gate", 12)
+    # A flat buffer with this spec hands the joint blocks themselves to the GLU (no copies).
+    flat = FlatTree.from_tree(net.init_params(np.random.default_rng(0), dtype=np.float64), storage={"core": spec})
+    w, b = fused._glu_joint(flat.tree["core"], 1, 24)
+    assert w is flat.storage["core"]["branch1.w_gate"] and b is flat.storage["core"]["branch1.b_val"]
+    assert np.array_equal(w[:21, 12:], flat.tree["core"]["branch1.w_val"]) and not w[21:].any()
+
+
+def _assert_padding_zero(flat):
+    """Every element of a storage block outside the tensors that live in it is zero."""
+    blocks: dict[int, tuple] = {}
+    for name, blk in flat.storage["core"].items():
+        key = (blk.__array_interface__["data"][0], blk.shape)  # the block, shared or not
+        covered = blocks.setdefault(key, (blk, np.zeros(blk.shape, bool)))[1]
+        slot = flat.slots["core"][name]
+        region = (slice(slot.col, slot.col + slot.shape[0]),) if blk.ndim == 1 else (
+            slice(0, slot.shape[0]), slice(slot.col, slot.col + slot.shape[1]))
+        covered[region] = True
+    for blk, covered in blocks.values():
+        assert not blk[~covered].any(), "padding written"
+    assert len(blocks) < len(flat.storage["core"])  # some blocks hold two tensors
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded-storage", "plain-storage"])
@@ -212,9 +222,8 @@ def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, pad
             np.testing.assert_allclose(g_got[owner][k], v, rtol=1e-9, atol=1e-12, err_msg=f"{owner}/{k}")
     for k, v in g_got["core"].items():  # the core's gradients live in the given slots
         assert np.shares_memory(v, slots.buffer), k
-    for k, blk in slots.storage["core"].items():  # the padding of every padded gradient is zero
-        r, c = g_got["core"][k].shape
-        assert not blk[r:].any() and not blk[:, c:].any(), k
+    if padded:  # the padding of every padded gradient block is zero
+        _assert_padding_zero(slots)
     assert set(slots.storage["core"]) == (set(fused.storage_shapes(net)) if padded else set())
 
 
