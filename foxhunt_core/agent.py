@@ -148,12 +148,15 @@ class Agent:
         """``gamma (1 - terminal)`` [B]."""
         return (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
 
-    def _bootstrap_fused(self, batch: dict[str, Array]) -> tuple[Array, Array, Array]:
+    def _bootstrap_fused(self, batch: dict[str, Array], q_next: Array | None = None) -> tuple[Array, Array, Array]:
         """:meth:`bootstrap` on the fused GPU path, without the gather: the target network's
         probabilities of every action [B, A, N] (nothing else is written), the absolute index of
-        each branch's bootstrap action [B, D] and the discounts; the loss kernel reads the rows."""
+        each branch's bootstrap action [B, D] and the discounts; the loss kernel reads the rows.
+        ``q_next``: the online E[Q] at ``s'`` when the forward on ``s`` computed it already."""
         nxt = batch["next_obs"]
-        sel = self._qpipe(self.online, self.net.forward(self.online, nxt, outputs=("q",)))
+        online = NetOutput(None, None, None, q=q_next) if q_next is not None else \
+            self.net.forward(self.online, nxt, outputs=("q",))
+        sel = self._qpipe(self.online, online)
         a_star = branch_argmax(sel.q_coord, self.offsets) + self.branch_base
         tgt_probs = self.net.forward(self.target, nxt, outputs=("probs",)).probs
         return tgt_probs, a_star, self._discount(batch)
@@ -179,16 +182,17 @@ class Agent:
         t = self.settings.train
         obs, act = batch["obs"], batch["action"]
         B = obs.shape[0]
-        out = self.net.forward(self.online, obs, keep_cache=True)
+        fused = self.net.fused(obs)
+        # On the fused path the online forward on s' rides along with the one on s (E[Q] only).
+        out = self.net.forward(self.online, obs, keep_cache=True, next_obs=batch["next_obs"] if fused else None)
         idx = act + self.branch_base  # taken action per branch, [B, D]
         D = idx.shape[1]
-        fused = self.net.fused(obs)
         if fused:
             # Bootstrap, projection, loss and its gradient over all actions: the gathers of the
             # chosen rows and the scatter of the gradient happen inside the loss kernel.
             from .gpu import kernels as K
 
-            tgt_probs, a_star, disc = self._bootstrap_fused(batch)
+            tgt_probs, a_star, disc = self._bootstrap_fused(batch, out.q_next)
             coeff = entropy_coeff if hasattr(entropy_coeff, "shape") else float(entropy_coeff)
             m, dlogits, loss, ent = K.c51_target_loss(
                 tgt_probs, batch["reward"], disc, out.log_probs, self.z, coeff,

@@ -140,8 +140,22 @@ def _extra_inputs(net: Any, d: int, q: Array, extra_cols: list[Array]) -> Array 
     return cp.ascontiguousarray(cp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
 
 
+def pairs(net: Any) -> bool:
+    """Whether :func:`forward` can carry the rows of ``next_obs`` along: with the sigmoid gate
+    and no branch-input stages (plugin stages keep per-call caches of their own rows)."""
+    from .network import SigmoidGate
+
+    return isinstance(net.gate, SigmoidGate) and not net.branch_inputs
+
+
 def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
-            outputs: Sequence[str] = ALL_OUTPUTS) -> Any:
+            outputs: Sequence[str] = ALL_OUTPUTS, next_obs: Array | None = None) -> Any:
+    """The forward for ``obs`` [B, S]. With ``next_obs`` [B', S] (the update: its online forwards
+    on s and s' share the weights) and :func:`pairs`, the rows of ``next_obs`` are carried along
+    in the same GEMMs and kernels — half the launches of two forwards, which is what limits
+    small batches — and only their E[Q] is written (``NetOutput.q_next``); the cache keeps the
+    rows of ``obs`` alone (the hand-written backward never touches the others, so they cost no
+    backward work)."""
     import cupy as cp
 
     from .network import NetOutput, SigmoidGate
@@ -149,17 +163,23 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
     p = params["core"]
     gp = params.get(net.gate.name, {})
     sigmoid_gate = isinstance(net.gate, SigmoidGate)
+    if next_obs is not None and not pairs(net):
+        next_obs = None
     B, N, A = obs.shape[0], net.num_atoms, net.num_actions
+    R = B + (0 if next_obs is None else next_obs.shape[0])  # rows through the network
     H2, H = net.settings.shared_h2, net.settings.adv_h
     offs = net.offsets
     want = tuple(ALL_OUTPUTS if keep_cache else outputs)  # the backward reads probs and q
     z_sup = net.support(obs)
     S = obs.shape[1]
     x = obs
-    if padded(S) != S:  # the observation with zero columns up to a multiple of 4
-        x = cp.empty((B, padded(S)), dtype=cp.float32)
-        x[:, :S] = obs
-        x[:, S:] = 0.0
+    if padded(S) != S or R > B:  # the observations (both sets), zero columns up to a multiple of 4
+        x = cp.empty((R, padded(S)), dtype=cp.float32)
+        x[:B, :S] = obs
+        if R > B:
+            x[B:, :S] = next_obs
+        if padded(S) != S:
+            x[:, S:] = 0.0
     h1 = mm(x, _block(p, "trunk.w1", (x.shape[1], net.settings.shared_h1)), bias=p["trunk.b1"], relu=True)
     h2 = mm(h1, p["trunk.w2"], bias=p["trunk.b2"], relu=True)
     mpre = mm(h2, p["vsn.w"], bias=p["vsn.b"])
@@ -174,17 +194,20 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
         extra_cols.append(cp.ascontiguousarray(cols))
         extra_caches.append(c)
 
-    adv = cp.empty((B, hcol[-1]), dtype=cp.float32)
+    adv = cp.empty((R, hcol[-1]), dtype=cp.float32)
     adv_bias = cp.concatenate([p[f"branch{d}.b_out"] for d in range(len(net.sizes))]).reshape(A, N)
     log_probs = cp.empty((B, A, N), dtype=cp.float32) if "log_probs" in want else None
     probs = cp.empty((B, A, N), dtype=cp.float32) if "probs" in want else None
-    q = cp.empty((B, A), dtype=cp.float32)
+    q = cp.empty((R, A), dtype=cp.float32)
     var = cp.empty((B, A), dtype=cp.float32) if "var" in want else None
-    outs = dict(log_probs=log_probs, probs=probs, q=q, var=var)
+    outs = dict(log_probs=log_probs, probs=probs, q=q[:B], var=var)
 
     def dueling(branches: tuple[int, int], want_here: tuple[str, ...]) -> None:
-        K.dueling_softmax_forward(v, adv, z_sup, offs, branches=branches, v_bias=p["value.b"],
+        K.dueling_softmax_forward(v[:B], adv[:B], z_sup, offs, branches=branches, v_bias=p["value.b"],
                                   adv_bias=adv_bias, want=want_here, **outs)
+        if R > B:  # the rows of next_obs: E[Q] only
+            K.dueling_softmax_forward(v[B:], adv[B:], z_sup, offs, branches=branches, v_bias=p["value.b"],
+                                      adv_bias=adv_bias, want=("q",), q=q[B:])
 
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
     D = len(net.sizes)
@@ -206,16 +229,17 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
         mm(h, _block(p, f"branch{d}.w_out", (H, hcol[d + 1] - hcol[d])), out=adv[:, hcol[d] : hcol[d + 1]])
         if d == DIRECTION:  # the magnitude branch reads the direction branch's expected Q
             dueling((0, 1), want + ("q",))
-        if keep_cache:
-            branches[d] = dict(xe=xe, pv=pv, gate=gate, gcache=gcache, val=val, h=h)
+        if keep_cache:  # the rows of obs (views; the backward writes over pv's)
+            branches[d] = dict(xe=None if xe is None else xe[:B], pv=pv[:B], gate=gate, gcache=gcache,
+                               val=val, h=h[:B])
     dueling((1, D), want)
     cache = None
     if keep_cache:
-        cache = dict(fused=True, x=x, h1=h1, h2=h2, m=m, z=z, branches=branches, q=q,
-                     extra_cols=extra_cols, extra_caches=extra_caches)
+        cache = dict(fused=True, x=x[:B], h1=h1[:B], h2=h2[:B], m=m[:B], z=z[:B], branches=branches,
+                     q=q[:B], extra_cols=extra_cols, extra_caches=extra_caches)
     # The kernel returns normalised logits (log-probabilities); they differ from the raw dueling
     # logits by a per-distribution constant, which no consumer depends on.
-    return NetOutput(log_probs, probs, log_probs, cache, q=q, var=var)
+    return NetOutput(log_probs, probs, log_probs, cache, q=q[:B], var=var, q_next=q[B:] if R > B else None)
 
 
 def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict | None = None) -> dict:

@@ -65,6 +65,7 @@ class NetOutput:
     cache: dict[str, Any] | None = field(default=None, repr=False)
     q: Array | None = None  # [B, A] expected Q, when the forward computed it anyway
     var: Array | None = None  # [B, A] Var[Q], likewise
+    q_next: Array | None = None  # [B', A] expected Q of next_obs, when a fused forward carried it along
 
 
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float) -> np.ndarray:
@@ -161,14 +162,16 @@ class BranchingC51:
         return self.use_kernels and type(x).__module__.startswith("cupy") and x.dtype == np.float32
 
     def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False,
-                outputs: tuple[str, ...] | None = None) -> NetOutput:
+                outputs: tuple[str, ...] | None = None, next_obs: Array | None = None) -> NetOutput:
         """Distributions of every action for ``obs``. ``outputs`` (a subset of ``log_probs``,
         ``probs``, ``q``, ``var``) lets the fused GPU path skip writing what the caller does not
-        read; the fields not asked for may then be None. The reference path computes them all."""
+        read; the fields not asked for may then be None. The reference path computes them all.
+        ``next_obs``: the fused path may also compute E[Q] of these rows in the same pass
+        (``NetOutput.q_next``; None where it did not, see :func:`.fused.pairs`)."""
         if self.fused(obs):
             from . import fused
 
-            return fused.forward(self, params, obs, keep_cache, outputs or fused.ALL_OUTPUTS)
+            return fused.forward(self, params, obs, keep_cache, outputs or fused.ALL_OUTPUTS, next_obs=next_obs)
         xp = L._xp(obs)
         p = params["core"]
         gp = params.get(self.gate.name, {})

@@ -239,3 +239,27 @@ def test_forward_without_cache_writes_only_what_is_asked(numpy_fused):
     got = numpy_fused.forward(net, params, obs, keep_cache=False, outputs=("probs",))
     np.testing.assert_allclose(got.probs, ref.probs, rtol=1e-10, atol=1e-14)
     assert np.allclose(L.softmax(ref.logits), ref.probs)
+
+
+def test_forward_carries_the_next_observations_along(numpy_fused):
+    """The update's online forward on s with the rows of s' carried along: E[Q] of s' as its own
+    forward gives it, and the cache and gradients of s alone (as a forward on s alone)."""
+    rng = np.random.default_rng(11)
+    net = _net(False)
+    flat = _flat_params(net, rng)
+    params = flat.tree
+    obs, nxt = rng.normal(size=(7, net.settings.state_dim)), rng.normal(size=(5, net.settings.state_dim))
+    got = numpy_fused.forward(net, params, obs, keep_cache=True, next_obs=nxt)
+    ref, ref_next = net.forward(params, obs, keep_cache=True), net.forward(params, nxt)
+    np.testing.assert_allclose(got.log_probs, ref.log_probs, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got.q_next, (ref_next.probs * net.support64).sum(-1), rtol=1e-10, atol=1e-12)
+    assert got.q.shape == (7, 12) and got.cache["z"].shape[0] == 7
+    dlogits = rng.normal(size=ref.log_probs.shape)
+    g_ref = net.backward(params, ref, dlogits)
+    g_got = numpy_fused.backward(net, params, got, dlogits, grads_into=flat.zeros_like().tree)
+    for k, v in g_ref["core"].items():
+        np.testing.assert_allclose(g_got["core"][k], v, rtol=1e-9, atol=1e-12, err_msg=k)
+    # Plugin stages keep caches of their own rows: no carrying along then.
+    staged = _net(True)
+    out = numpy_fused.forward(staged, _flat_params(staged, rng).tree, obs, keep_cache=True, next_obs=nxt)
+    assert out.q_next is None and not numpy_fused.pairs(staged) and numpy_fused.pairs(net)
