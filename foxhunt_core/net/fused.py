@@ -186,7 +186,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
     m, z = K.vsn_forward(h2, mpre, m=mpre, keep=keep_cache)
     Nv = padded(N)
     hcol = head_columns(offs, N, HEAD_ALIGN)  # each branch's block of the advantage row
-    v = mm(z, _block(p, "value.w", (H2, Nv)))  # [B, Nv]; its bias is added by the dueling kernel
+    v = mm(z, _block(p, "value.w", (H2, Nv)))  # [R, Nv]; its bias is added by the dueling kernel
 
     extra_cols, extra_caches = [], []
     for st in net.branch_inputs:
@@ -215,7 +215,7 @@ def forward(net: Any, params: dict, obs: Array, keep_cache: bool,
         width = net.in_width[d]
         wj, bj = _glu_joint(p, d, padded(width))  # [W_gate | W_val], [b_gate | b_val]
         xe = _extra_inputs(net, d, q, extra_cols)
-        pv = mm(z, wj[:H2])  # [z W_gate | z W_val], [B, 2H]
+        pv = mm(z, wj[:H2])  # [z W_gate | z W_val], [R, 2H]
         if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
             h = K.glu_forward(pv, bias=bj, x_extra=xe, w_extra=wj[H2:width] if xe is not None else None)
             gate = gcache = val = None
