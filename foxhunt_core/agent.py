@@ -154,8 +154,10 @@ class Agent:
         each branch's bootstrap action [B, D] and the discounts; the loss kernel reads the rows.
         ``q_next``: the online E[Q] at ``s'`` when the forward on ``s`` computed it already."""
         nxt = batch["next_obs"]
-        online = NetOutput(None, None, None, q=q_next) if q_next is not None else \
-            self.net.forward(self.online, nxt, outputs=("q",))
+        if q_next is None:
+            online = self.net.forward(self.online, nxt, outputs=("q",))
+        else:
+            online = NetOutput(None, None, None, q=q_next)
         sel = self._qpipe(self.online, online)
         a_star = branch_argmax(sel.q_coord, self.offsets) + self.branch_base
         tgt_probs = self.net.forward(self.target, nxt, outputs=("probs",)).probs

@@ -60,9 +60,7 @@ from .launch import (
     validate_offsets,
 )
 from .launch import get_kernel as _kernel
-from .launch import (
-    padded as pad_to,
-)
+from .launch import padded as pad_to  # ``padded`` is a keyword argument of dueling_backward
 from .optim import adam_step, adam_workspace
 from .qkernels import (
     attention_backward,
