@@ -238,7 +238,8 @@ def main() -> int:
     print(f"\ncuBLASLt autotuning ('foxhunt tuned'): {len(tuned)} GEMM shapes, {len(changed)} given another "
           "algorithm than the heuristic's first:")
     for t in changed:  # cuBLASLt's column-major terms: the row-major product is [n, k] @ [k, m]
-        print(f"  [{t['n']}, {t['k']}] @ [{t['k']}, {t['m']}] ops {t['ops']} epilogue {t['epilogue']}: "
+        stack = f" x{t['batch']}" if t["batch"] > 1 else ""
+        print(f"  [{t['n']}, {t['k']}] @ [{t['k']}, {t['m']}]{stack} ops {t['ops']} epilogue {t['epilogue']}: "
               f"{t['first_ms'] * 1e3:.1f} -> {t['best_ms'] * 1e3:.1f} us "
               f"(candidate {t['chosen']} of {t['candidates']})")
     if args.json:

@@ -84,16 +84,24 @@ class Agent:
                 tree[st.name] = p
         self.online: Tree = tree_to(xp, tree, dtype)
         flat = None
+        self._online_twin: Any = None
         if xp is not np and np.dtype(dtype) == np.float32:
             from .gpu.flat import FlatTree
             from .net.fused import storage_shapes
 
             # One buffer whose views are the parameters, with the weights the fused path pads
-            # kept in zero-padded blocks; the target network has the same layout.
-            flat = FlatTree.from_tree(self.online, storage={"core": storage_shapes(self.net)})
+            # kept in zero-padded blocks. The online network, a twin of it refreshed at each
+            # update and the target network are stacked in one allocation at a constant stride,
+            # so that the update's three forwards (online on s, online on s', target on s') run
+            # as strided-batched GEMMs (net.fused.forward_segments).
+            shapes = {o: {k: tuple(v.shape) for k, v in sub.items()} for o, sub in self.online.items()}
+            flat, self._online_twin, target = FlatTree.stacked(
+                3, shapes, xp=xp, dtype=dtype, storage={"core": storage_shapes(self.net)})
+            flat.load(self.online)
+            target.buffer[...] = flat.buffer
             self.online = flat.tree
-            self._flats = (flat, flat.copy())
-            self.target: Tree = self._flats[1].tree
+            self._flats = (flat, target)
+            self.target: Tree = target.tree
         else:
             self._flats = None
             self.target = tree_copy(self.online)
@@ -148,19 +156,14 @@ class Agent:
         """``gamma (1 - terminal)`` [B]."""
         return (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
 
-    def _bootstrap_fused(self, batch: dict[str, Array], q_next: Array | None = None) -> tuple[Array, Array, Array]:
-        """:meth:`bootstrap` on the fused GPU path, without the gather: the target network's
-        probabilities of every action [B, A, N] (nothing else is written), the absolute index of
-        each branch's bootstrap action [B, D] and the discounts; the loss kernel reads the rows.
-        ``q_next``: the online E[Q] at ``s'`` when the forward on ``s`` computed it already."""
-        nxt = batch["next_obs"]
-        if q_next is None:
-            online = self.net.forward(self.online, nxt, outputs=("q",))
-        else:
-            online = NetOutput(None, None, None, q=q_next)
-        sel = self._qpipe(self.online, online)
+    def _bootstrap_fused(self, batch: dict[str, Array], online_next: NetOutput,
+                         tgt_probs: Array) -> tuple[Array, Array, Array]:
+        """:meth:`bootstrap` on the fused GPU path, without the gather, from the online
+        network's E[Q] at ``s'`` and the target network's probabilities there (every action):
+        ``(tgt_probs, absolute index of each branch's bootstrap action [B, D], discounts)``;
+        the loss kernel reads the rows."""
+        sel = self._qpipe(self.online, online_next)
         a_star = branch_argmax(sel.q_coord, self.offsets) + self.branch_base
-        tgt_probs = self.net.forward(self.target, nxt, outputs=("probs",)).probs
         return tgt_probs, a_star, self._discount(batch)
 
     def targets(self, batch: dict[str, Array]) -> Array:
@@ -185,22 +188,34 @@ class Agent:
         obs, act = batch["obs"], batch["action"]
         B = obs.shape[0]
         fused = self.net.fused(obs)
-        # On the fused path the online forward on s' rides along with the one on s (E[Q] only).
-        out = self.net.forward(self.online, obs, keep_cache=True, next_obs=batch["next_obs"] if fused else None)
         idx = act + self.branch_base  # taken action per branch, [B, D]
         D = idx.shape[1]
         if fused:
+            from .gpu import kernels as K
+            from .net import fused as F
+
+            # The online forward on s (kept for the backward), the online forward on s' (E[Q]
+            # only) and the target forward on s' (probabilities only) as one set of launches:
+            # the online parameters' twin, refreshed here, sits between the online and the target
+            # parameters at the same stride (see __init__).
+            nxt = batch["next_obs"]
+            online_next = self.online
+            if self._online_twin is not None and F.pairs(self.net):
+                self._online_twin.buffer[...] = self._flats[0].buffer
+                online_next = self._online_twin.tree
+            out, on_next, tgt = self.net.forward_many(
+                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, ("q",)), (self.target, nxt, ("probs",))],
+                keep_cache=True)
             # Bootstrap, projection, loss and its gradient over all actions: the gathers of the
             # chosen rows and the scatter of the gradient happen inside the loss kernel.
-            from .gpu import kernels as K
-
-            tgt_probs, a_star, disc = self._bootstrap_fused(batch, out.q_next)
+            tgt_probs, a_star, disc = self._bootstrap_fused(batch, on_next, tgt.probs)
             coeff = entropy_coeff if hasattr(entropy_coeff, "shape") else float(entropy_coeff)
             m, dlogits, loss, ent = K.c51_target_loss(
                 tgt_probs, batch["reward"], disc, out.log_probs, self.z, coeff,
                 next_action=a_star, action=idx, offsets=self.offsets, dlogits_full=True)
             grads = self.net.backward(self.online, out, dlogits, grads_into=self.opt.grad_slots())
         else:
+            out = self.net.forward(self.online, obs, keep_cache=True)
             logp = xp.take_along_axis(out.log_probs, idx[:, :, None], axis=1)  # [B, D, N]
             m = self.targets(batch)
             loss, dl, ent = c51.loss_and_grad(logp, m, entropy_coeff)

@@ -139,12 +139,20 @@ def _out_operand(out: Any, M: int, N: int, dtype: Any, who: str) -> int:
     return max(ld, 1)
 
 
-def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = None, relu: bool = False) -> Any:
+def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = None, relu: bool = False,
+           stack: tuple[int, int] | None = None) -> Any:
     """``a @ b`` for 2-D/2-D, 3-D/2-D and 3-D/3-D (batched) float32/float64 CuPy arrays.
 
     For 2-D operands ``out`` may be given: a row-major view (any row stride, e.g. a column block
     of a wider buffer), which receives ``a @ b + beta * out``. Also for 2-D operands,
     ``bias`` [N] is added to every row and ``relu`` applied after it: ``relu(a @ b + bias)``.
+
+    ``stack = (count, stride)`` (2-D operands): ``b`` and ``bias`` belong to the first of
+    ``count`` parameter trees that share one allocation at a constant stride
+    (:meth:`foxhunt_core.gpu.flat.FlatTree.stacked`), and the rows of ``a`` and ``out`` fall into
+    ``count`` equal parts: part ``i`` is multiplied by the weights ``stride * i`` elements after
+    ``b`` (its bias as far after ``bias``) — one strided-batched GEMM. The caller vouches that
+    that memory holds the same layout as ``b``; ``stride = 0`` is the plain product.
 
     float32 products go through cuBLASLt (:mod:`.cublaslt`), which fuses the bias and the ReLU
     into the GEMM where it can; otherwise, and for float64, ``cublasGemmEx`` and separate passes.
@@ -154,6 +162,9 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     if a.dtype != b.dtype:
         raise TypeError(f"cublas matmul: dtypes differ ({a.dtype}, {b.dtype})")
     extras = bias is not None or relu
+    count, wstride = (1, 0) if stack is None or stack[1] == 0 else (int(stack[0]), int(stack[1]))
+    if count > 1 and (a.ndim != 2 or b.ndim != 2 or a.shape[0] % count):
+        raise ValueError(f"cublas matmul: stack {stack} needs 2-D operands and rows of a divisible by {count}")
     if a.ndim == 3 and b.ndim == 2:
         if out is not None or extras:
             raise ValueError("cublas matmul: out, bias and relu need 2-D operands")
@@ -187,6 +198,7 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     dtype_id, compute, scalar = _types(a.dtype)
     a, op_a, lda = _operand(a)
     b, op_b, ldb = _operand(b)
+    Mp = M // count  # rows per part of a stacked product
     if a.ndim == 2 and a.dtype == cupy.float32 and cublaslt.enabled():
         stream = cupy.cuda.get_current_stream().ptr
         epi, vec = cublaslt.EPI_DEFAULT, 0
@@ -194,16 +206,18 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
             epi, vec = (cublaslt.EPI_RELU_BIAS if relu else cublaslt.EPI_BIAS), bias.data.ptr
         elif relu:
             epi = cublaslt.EPI_RELU
-        args = (compute, op_b, op_a, N, M, K, b.data.ptr, ldb, a.data.ptr, lda, out.data.ptr, ldc, beta, stream)
-        if cublaslt.matmul(*args, epilogue=epi, bias_ptr=vec):
+        strides_a = Mp * (lda if op_a == OP_N else 1)
+        lt_batch = (count, wstride, strides_a, Mp * ldc, wstride)
+        args = (compute, op_b, op_a, N, Mp, K, b.data.ptr, ldb, a.data.ptr, lda, out.data.ptr, ldc, beta, stream)
+        if cublaslt.matmul(*args, epilogue=epi, bias_ptr=vec, batch=lt_batch):
             return out
-        if epi != cublaslt.EPI_DEFAULT and cublaslt.matmul(*args):
-            _epilogue_passes(out, bias, relu)
+        if epi != cublaslt.EPI_DEFAULT and cublaslt.matmul(*args, batch=lt_batch):
+            _stacked_epilogues(out, bias, relu, count, wstride)
             return out
     h = _handle()
     alpha, cbeta = scalar(1.0), scalar(beta)
     lib = _load()
-    if a.ndim == 2:
+    if a.ndim == 2 and count == 1:
         st = lib.cublasGemmEx(
             h.ptr, op_b, op_a, N, M, K, ctypes.byref(alpha), ctypes.c_void_p(b.data.ptr), dtype_id, ldb,
             ctypes.c_void_p(a.data.ptr), dtype_id, lda, ctypes.byref(cbeta), ctypes.c_void_p(out.data.ptr),
@@ -211,6 +225,17 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
         _check(st, "cublasGemmEx")
         if extras:
             _epilogue_passes(out, bias, relu)
+    elif a.ndim == 2:  # a stacked product
+        if op_a != OP_N:
+            raise ValueError("cublas matmul: a stacked product needs a row-major a")
+        st = lib.cublasGemmStridedBatchedEx(
+            h.ptr, op_b, op_a, N, Mp, K, ctypes.byref(alpha), ctypes.c_void_p(b.data.ptr), dtype_id, ldb,
+            wstride, ctypes.c_void_p(a.data.ptr), dtype_id, lda, Mp * lda,
+            ctypes.byref(cbeta), ctypes.c_void_p(out.data.ptr), dtype_id, ldc, Mp * ldc, count, compute,
+            GEMM_DEFAULT)
+        _check(st, "cublasGemmStridedBatchedEx")
+        if extras:
+            _stacked_epilogues(out, bias, relu, count, wstride)
     else:
         isz = a.itemsize
         st = lib.cublasGemmStridedBatchedEx(
@@ -220,6 +245,18 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
             GEMM_DEFAULT)
         _check(st, "cublasGemmStridedBatchedEx")
     return out
+
+
+def _stacked_epilogues(out: Any, bias: Any, relu: bool, count: int, stride: int) -> None:
+    """The epilogues of a stacked product as separate passes, part by part (each its own bias)."""
+    import cupy
+
+    rows = out.shape[0] // count
+    for i in range(count):
+        b = None
+        if bias is not None:
+            b = cupy.ndarray(bias.shape, bias.dtype, bias.data + i * stride * bias.itemsize)
+        _epilogue_passes(out[i * rows:(i + 1) * rows], b, relu)
 
 
 _ONES: dict[tuple[int, int, str], Any] = {}

@@ -38,7 +38,8 @@ from typing import Any
 from .cudalib import open_library
 
 EPI_DEFAULT, EPI_RELU, EPI_BIAS, EPI_RELU_BIAS = 1, 2, 4, 6
-_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER, _DESC_BIAS_BATCH_STRIDE = 3, 4, 7, 8, 10
+_LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6
 _PREF_MAX_WORKSPACE = 1
 _PREF_MIN_ALIGN = (5, 6, 7, 8)  # A, B, C, D
 R_32F = 0
@@ -96,6 +97,7 @@ def tuning_report() -> list[dict[str, Any]]:
     """One entry per tuned plan, in tuning order: ``m``, ``n``, ``k`` and ``ops`` (``"NT"`` is
     op(A) = A, op(B) = B') in cuBLASLt's column-major terms (the row-major product is
     ``[n, k] @ [k, m]``), ``compute`` and ``epilogue`` (the enums' values), ``candidates``,
+    ``batch`` (the strided batch's count, 1 for a single product),
     ``chosen`` (index into them; 0 is the heuristic's first), ``times_ms`` (median per candidate,
     None where it failed to launch), ``best_ms`` (the chosen one's) and ``first_ms`` (the heuristic
     first's). A plan with a single candidate is listed untimed (``times_ms`` empty, the two None)."""
@@ -103,7 +105,7 @@ def tuning_report() -> list[dict[str, Any]]:
     for p in _tuned:
         m, n, k = p.shape
         t = p.times_ms
-        out.append(dict(m=m, n=n, k=k, ops=p.ops, compute=p.compute, epilogue=p.epilogue,
+        out.append(dict(m=m, n=n, k=k, ops=p.ops, compute=p.compute, epilogue=p.epilogue, batch=p.batch[0],
                         candidates=len(p.algos), chosen=p.chosen, times_ms=list(t),
                         best_ms=t[p.chosen] if t else None, first_ms=t[0] if t else None))
     return out
@@ -121,6 +123,7 @@ def _load() -> Any:
         _lib.cublasLtMatmulDescCreate.argtypes = [pvp, i, i]
         _lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i, vp, sz]
         _lib.cublasLtMatrixLayoutCreate.argtypes = [pvp, i, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+        _lib.cublasLtMatrixLayoutSetAttribute.argtypes = [vp, i, vp, sz]
         _lib.cublasLtMatmulPreferenceCreate.argtypes = [pvp]
         _lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
         _lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [
@@ -159,7 +162,8 @@ def _set(fn: Any, obj: Any, attr: int, value: Any) -> None:
 
 class _Plan:
     def __init__(self, compute: int, op_a: int, op_b: int, m: int, n: int, k: int, lda: int, ldb: int,
-                 ldc: int, epilogue: int, aligns: tuple[int, ...], bias_ptr: int) -> None:
+                 ldc: int, epilogue: int, aligns: tuple[int, ...], bias_ptr: int,
+                 batch: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)) -> None:
         lib = _load()
         vp = ctypes.c_void_p
         self.desc = vp()
@@ -170,14 +174,22 @@ class _Plan:
         _set(sd, self.desc, _DESC_EPILOGUE, ctypes.c_uint32(epilogue))
         if bias_ptr:
             _set(sd, self.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
+        count, stride_a, stride_b, stride_c, stride_bias = batch
+        if count > 1 and bias_ptr:
+            _set(sd, self.desc, _DESC_BIAS_BATCH_STRIDE, ctypes.c_int64(stride_bias))
         # Stored shapes (column-major): op(A) is m x k, op(B) is k x n, C and D are m x n.
         a_rows, a_cols = (m, k) if op_a == 0 else (k, m)
         b_rows, b_cols = (k, n) if op_b == 0 else (n, k)
         self.layouts = []
-        for rows, cols, ld in ((a_rows, a_cols, lda), (b_rows, b_cols, ldb), (m, n, ldc)):
+        for rows, cols, ld, stride in ((a_rows, a_cols, lda, stride_a), (b_rows, b_cols, ldb, stride_b),
+                                       (m, n, ldc, stride_c)):
             lay = vp()
             _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), R_32F, rows, cols, ld),
                    "cublasLtMatrixLayoutCreate")
+            if count > 1:
+                sl = lib.cublasLtMatrixLayoutSetAttribute
+                _set(sl, lay, _LAYOUT_BATCH_COUNT, ctypes.c_int32(count))
+                _set(sl, lay, _LAYOUT_BATCH_STRIDE, ctypes.c_int64(stride))
             self.layouts.append(lay)
         pref = vp()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
@@ -196,6 +208,7 @@ class _Plan:
                       if r.state == 0 and r.workspaceSize <= WORKSPACE_BYTES]
         self.ok = bool(self.algos)
         self.shape, self.ops, self.compute, self.epilogue = (m, n, k), "NT"[op_a] + "NT"[op_b], compute, epilogue
+        self.batch = batch
         self.tuned, self.chosen = False, 0
         self.times_ms: list[float | None] = []
 
@@ -217,10 +230,11 @@ def _tune(plan: _Plan, launch: Any, c_ptr: int, ldc: int, beta: float, stream_pt
     from cupy.cuda import runtime
 
     rows, cols = plan.shape[0], plan.shape[1]
-    scratch = cupy.empty(ldc * cols, dtype=cupy.float32)
-    if beta != 0.0:  # C is read: give the candidates the real one (its extent, not ldc * cols)
-        runtime.memcpyAsync(scratch.data.ptr, c_ptr, ((cols - 1) * ldc + rows) * 4,
-                            runtime.memcpyDeviceToDevice, stream_ptr)
+    count, stride_c = plan.batch[0], plan.batch[3]
+    extent = (count - 1) * stride_c + (cols - 1) * ldc + rows  # of C, in floats
+    scratch = cupy.empty(extent, dtype=cupy.float32)
+    if beta != 0.0:  # C is read: give the candidates the real one
+        runtime.memcpyAsync(scratch.data.ptr, c_ptr, extent * 4, runtime.memcpyDeviceToDevice, stream_ptr)
     lead = cupy.empty(_LEAD_BYTES, dtype=cupy.uint8)
     events = [cupy.cuda.Event() for _ in range(_TUNE_REPEATS + 1)]
     times: list[float | None] = []
@@ -247,18 +261,22 @@ def _tune(plan: _Plan, launch: Any, c_ptr: int, ldc: int, beta: float, stream_pt
 
 def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: int, lda: int,
            b_ptr: int, ldb: int, c_ptr: int, ldc: int, beta: float, stream_ptr: int,
-           epilogue: int = EPI_DEFAULT, bias_ptr: int = 0) -> bool:
+           epilogue: int = EPI_DEFAULT, bias_ptr: int = 0,
+           batch: tuple[int, int, int, int, int] = (1, 0, 0, 0, 0)) -> bool:
     """``D = A op B (+ beta C)`` with ``epilogue`` in cuBLASLt's column-major terms (D is C, in
     place); False, and nothing launched, when cuBLASLt has no algorithm for the case. With
-    autotuning on, a plan's first call outside a stream capture first tunes it (module docstring)."""
+    autotuning on, a plan's first call outside a stream capture first tunes it (module docstring).
+    ``batch = (count, stride_a, stride_b, stride_c, stride_bias)`` (elements): a strided batch of
+    ``count`` products, the bias of product ``i`` at ``bias_ptr + i * stride_bias``."""
     import cupy
 
     aligns = (_alignment(a_ptr), _alignment(b_ptr), _alignment(c_ptr), _alignment(c_ptr))
+    batch = tuple(int(x) for x in batch) if batch[0] > 1 else (1, 0, 0, 0, 0)
     key = (cupy.cuda.Device().id, compute, op_a, op_b, m, n, k, lda, ldb, ldc, epilogue, aligns,
-           _alignment(bias_ptr) if bias_ptr else 0)
+           _alignment(bias_ptr) if bias_ptr else 0, batch)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = _Plan(compute, op_a, op_b, m, n, k, lda, ldb, ldc, epilogue, aligns, bias_ptr)
+        plan = _plans[key] = _Plan(compute, op_a, op_b, m, n, k, lda, ldb, ldc, epilogue, aligns, bias_ptr, batch)
     if not plan.ok:
         return False
     lib = _load()

@@ -14,13 +14,18 @@ Adam step leaves them at zero. Works with NumPy and CuPy alike (``xp``).
 A tensor may be given a larger *storage* shape (``storage={owner: {name: (rows, cols)}}``, or
 ``(n,)`` for a vector): its view is then the top-left corner of a zero-padded block, and the
 block itself is :attr:`FlatTree.storage` (also reachable from the tree as
-``tree[owner].storage[name]``). Another tensor of the same owner may live in that block beside
-it (``Shared(name, col)``: its view starts at column ``col``), so that two tensors the GPU uses
-together form one matrix. The GPU network keeps the 153-column advantage and 51-column value
-weights in 156- and 52-column blocks this way, so that cuBLAS runs their products on its aligned
-kernels, and each GLU's gate and value weights (and biases) side by side in one [K, 2H] block
-(one GEMM for both); the padding stays zero as long as what is written into it is zero (the
+``tree[owner].storage[name]``). Other tensors of the same owner may live in that block beside
+it (``Shared(name, col)``: a matrix from column ``col`` on, or a vector in the block's row
+``row``), so that tensors the GPU uses together form one matrix. The GPU network keeps, for
+example, each GLU's gate and value weights side by side in one [K, 2H] block with their biases
+in the block's last row (one GEMM for both, the bias through a ones column of the input), and
+the 153-column advantage weights in a 156-column block, so that cuBLAS runs their products on
+its aligned kernels. The padding stays zero as long as what is written into it is zero (the
 padded gradients are).
+
+Several trees of one layout can share one allocation at a constant stride (:meth:`FlatTree.stacked`),
+so that the same tensor of each is at a fixed distance from the first's: one strided-batched GEMM
+then runs a layer of all of them.
 """
 
 from __future__ import annotations
@@ -37,10 +42,12 @@ Tree = dict[str, dict[str, Any]]
 
 @dataclass(frozen=True)
 class Shared:
-    """A storage spec: the tensor lives in ``name``'s padded block, from column ``col`` on."""
+    """A storage spec: the tensor lives in ``name``'s padded block, from column ``col`` on; a
+    vector in a matrix block lives in its row ``row``."""
 
     name: str
-    col: int
+    col: int = 0
+    row: int | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Slot:
     storage: Shape  # ``shape``, or a larger block of which the tensor is a corner or a part
     col: int = 0  # first column (element, for a vector) of the tensor in its block
     shared: bool = False  # the block is another tensor's (this one takes no space of its own)
+    row: int | None = None  # a vector in a matrix block: its row
 
     @property
     def size(self) -> int:
@@ -102,20 +110,47 @@ def _layout(shapes: Mapping[str, Mapping[str, Shape]], align: int,
             shape = tuple(int(s) for s in sub[name])
             if home is None or home.shared or home.storage == home.shape:
                 raise ValueError(f"{owner}/{name}: shares the block of {spec.name!r}, which has none of its own")
-            own_end = home.shape[-1]
-            if not _fits(shape, home.storage, spec.col) or spec.col < own_end:
-                raise ValueError(f"{owner}/{name}: shape {shape} at column {spec.col} does not fit beside "
-                                 f"{spec.name} in its block {home.storage}")
-            slots[owner][name] = Slot(home.offset, shape, home.storage, spec.col, shared=True)
+            if not _fits(shape, home.storage, spec.col, spec.row):
+                where = f"column {spec.col}" + ("" if spec.row is None else f" of row {spec.row}")
+                raise ValueError(f"{owner}/{name}: shape {shape} at {where} does not fit in the block "
+                                 f"{home.storage} of {spec.name}")
+            slots[owner][name] = Slot(home.offset, shape, home.storage, spec.col, shared=True, row=spec.row)
+        _check_overlaps(owner, slots[owner])
         slots[owner] = {name: slots[owner][name] for name in sub}  # the tree's order
     return slots, max(pos, align)
 
 
-def _fits(shape: Shape, block: Shape, col: int) -> bool:
-    """Whether a tensor of ``shape`` fits in ``block`` from column ``col`` (same rank, 1 or 2)."""
+def _fits(shape: Shape, block: Shape, col: int, row: int | None = None) -> bool:
+    """Whether a tensor of ``shape`` fits in ``block`` from column ``col`` (same rank, 1 or 2; or
+    a vector in row ``row`` of a matrix block)."""
+    if row is not None:
+        return len(shape) == 1 and len(block) == 2 and 0 <= row < block[0] and 0 <= col and col + shape[0] <= block[1]
     if len(shape) != len(block) or len(shape) not in (1, 2):
         return False
-    return all(s <= b for s, b in zip(shape[:-1], block[:-1])) and col + shape[-1] <= block[-1]
+    return all(s <= b for s, b in zip(shape[:-1], block[:-1])) and 0 <= col and col + shape[-1] <= block[-1]
+
+
+def _rect(slot: Slot) -> tuple[int, int, int, int]:
+    """``(row0, row1, col0, col1)`` a tensor covers in its block."""
+    if slot.row is not None:
+        return slot.row, slot.row + 1, slot.col, slot.col + slot.shape[0]
+    rows = slot.shape[0] if len(slot.shape) == 2 else 1
+    return 0, rows, slot.col, slot.col + slot.shape[-1]
+
+
+def _check_overlaps(owner: str, slots: Mapping[str, Slot]) -> None:
+    """No two tensors of a shared block may cover the same element."""
+    by_block: dict[int, list[tuple[str, Slot]]] = {}
+    for name, slot in slots.items():
+        if slot.storage != slot.shape:
+            by_block.setdefault(slot.offset, []).append((name, slot))
+    for members in by_block.values():
+        for i, (na, a) in enumerate(members):
+            ra = _rect(a)
+            for nb, b in members[i + 1:]:
+                rb = _rect(b)
+                if ra[0] < rb[1] and rb[0] < ra[1] and ra[2] < rb[3] and rb[2] < ra[3]:
+                    raise ValueError(f"{owner}/{nb}: overlaps {na} in their block {a.storage}")
 
 
 class FlatTree:
@@ -127,8 +162,10 @@ class FlatTree:
         dtype: the buffer's dtype (float32 for training; float64 for reference checks).
         align: every tensor starts at a multiple of this many elements.
         storage: ``{owner: {name: spec}}`` for some 1-D or 2-D tensors: a larger shape (a
-            zero-padded block with the tensor in its top-left corner) or ``Shared(other, col)``
-            (the tensor sits in ``other``'s block from column ``col``).
+            zero-padded block with the tensor in its top-left corner) or ``Shared(other, col, row)``
+            (the tensor sits in ``other``'s block from column ``col``; a vector in row ``row``).
+        buffer: a zeroed 1-D array of at least the layout's size to live in (:meth:`stacked`);
+            by default a new one is allocated.
     """
 
     def __init__(
@@ -138,13 +175,20 @@ class FlatTree:
         dtype: Any = np.float32,
         align: int = 64,
         storage: Mapping[str, Mapping[str, Any]] | None = None,
+        buffer: Any = None,
     ) -> None:
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.align = int(align)
         self.storage_spec = {o: dict(sub) for o, sub in (storage or {}).items()}
         self.slots, self.size = _layout(shapes, self.align, self.storage_spec)
-        self.buffer = xp.zeros(self.size, dtype=self.dtype)
+        if buffer is None:
+            self.buffer = xp.zeros(self.size, dtype=self.dtype)
+        else:
+            if buffer.ndim != 1 or buffer.shape[0] < self.size or buffer.dtype != self.dtype:
+                raise ValueError(f"FlatTree: buffer must be a 1-D {self.dtype} array of at least {self.size} "
+                                 f"elements, got {tuple(buffer.shape)} {buffer.dtype}")
+            self.buffer = buffer[: self.size]
         self.tree: Tree = {}
         self.storage: dict[str, dict[str, Any]] = {}
         blocks: dict[int, Any] = {}  # one array per block: the tensors sharing it share the object
@@ -162,7 +206,10 @@ class FlatTree:
                     views[name] = block
                     continue
                 c0, c1 = slot.col, slot.col + slot.shape[-1]
-                views[name] = block[c0:c1] if len(slot.shape) == 1 else block[: slot.shape[0], c0:c1]
+                if slot.row is not None:
+                    views[name] = block[slot.row, c0:c1]
+                else:
+                    views[name] = block[c0:c1] if len(slot.shape) == 1 else block[: slot.shape[0], c0:c1]
                 views.storage[name] = block
 
     @classmethod
@@ -178,6 +225,20 @@ class FlatTree:
         flat = cls(shapes, xp=xp, dtype=dtype, align=align, storage=storage)
         flat.load(tree)
         return flat
+
+    @classmethod
+    def stacked(cls, count: int, shapes: Mapping[str, Mapping[str, Shape]], xp: Any = np, dtype: Any = np.float32,
+                align: int = 64, storage: Mapping[str, Mapping[str, Any]] | None = None) -> list[FlatTree]:
+        """``count`` zeroed trees of one layout in one allocation, tree ``i`` at ``i * stride``
+        elements (``stride`` the layout's size, a multiple of ``align``): every tensor of tree
+        ``i`` is ``i * stride`` elements after the same tensor of tree 0."""
+        if count < 1:
+            raise ValueError(f"FlatTree.stacked: count must be at least 1, got {count}")
+        first = cls(shapes, xp=xp, dtype=dtype, align=align, storage=storage)
+        stride = first.size
+        whole = xp.zeros(count * stride, dtype=first.dtype)
+        return [cls(shapes, xp=xp, dtype=dtype, align=align, storage=storage, buffer=whole[i * stride:(i + 1) * stride])
+                for i in range(count)]
 
     def shapes(self) -> dict[str, dict[str, Shape]]:
         return {o: {k: s.shape for k, s in sub.items()} for o, sub in self.slots.items()}

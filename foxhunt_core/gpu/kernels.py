@@ -88,6 +88,7 @@ __all__ = [
     "glu_backward",
     "gather_actions",
     "glu_forward",
+    "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
     "q_stats_workspace",
@@ -118,10 +119,13 @@ def dueling_softmax_forward(
     v_bias: Array | None = None,
     adv_bias: Array | None = None,
     want: Sequence[str] = ("log_probs", "probs", "q", "var"),
+    segments: Sequence[Sequence[str]] | None = None,
     log_probs: Array | None = None,
     probs: Array | None = None,
     q: Array | None = None,
     var: Array | None = None,
+    zq: Array | None = None,
+    zq_scale: float = 1.0,
 ) -> tuple[Array | None, Array | None, Array, Array | None]:
     """Dueling logits ``v + adv - mean_branch(adv)``, log-softmax over atoms, E[Q] and Var[Q].
 
@@ -135,9 +139,15 @@ def dueling_softmax_forward(
             left untouched), e.g. ``(0, 1)`` for the direction branch the magnitude branch reads.
         v_bias, adv_bias: [N] and [A, N] biases added to ``v`` and ``adv`` as they are read.
         want: which outputs to write; ``q`` always. The others not wanted are returned as None.
+        segments: instead of ``want``, one ``want`` per segment of ``B / len(segments)`` rows
+            (forwards of different inputs or networks in one launch). An output is then
+            ``[r, ...]`` with ``r`` the rows up to the last segment that wants it, and only the
+            rows of the segments that want it are written.
+        zq, zq_scale: also write the direction branch's (branch 0's) Q times ``zq_scale`` into
+            ``zq`` [B, n_0] (any row pitch), when the branches computed include it.
 
     Returns:
-        ``(log_probs [B, A, N], probs [B, A, N], q [B, A], var [B, A])``.
+        ``(log_probs [.., A, N], probs [.., A, N], q [B, A], var [.., A])``.
     """
     k = "dueling_softmax_forward"
     if getattr(adv, "ndim", 0) == 2:  # the padded layout
@@ -155,21 +165,34 @@ def dueling_softmax_forward(
     d0, d1 = branches if branches is not None else (0, D)
     if not 0 <= d0 < d1 <= D:
         raise ValueError(f"{k}: branches {branches} outside 0..{D}")
-    unknown = set(want) - {"log_probs", "probs", "q", "var"}
-    if unknown:
-        raise ValueError(f"{k}: unknown outputs {sorted(unknown)} in want")
+    segs = [tuple(want)] if segments is None else [tuple(w) for w in segments]
+    if not segs or B % len(segs) or len(segs) > 10:
+        raise ValueError(f"{k}: {len(segs)} segments do not split {B} rows evenly (at most 10)")
+    for w in segs:
+        unknown = set(w) - {"log_probs", "probs", "q", "var"}
+        if unknown:
+            raise ValueError(f"{k}: unknown outputs {sorted(unknown)} in want")
+    seg_rows = B // len(segs)
+    bits = {"log_probs": 1, "probs": 2, "var": 4}
+    seg_wants = sum(sum(bits.get(o, 0) for o in set(w)) << (3 * i) for i, w in enumerate(segs))
+
+    def rows_of(name: str) -> int:  # rows up to the last segment that wants the output
+        return max((i + 1 for i, w in enumerate(segs) if name in w), default=0) * seg_rows
+
     check_array(k, "v", v, F32, (B, pad_to(N, align)))
     if v_bias is not None:
         check_array(k, "v_bias", v_bias, F32, (N,))
     if adv_bias is not None:
         check_array(k, "adv_bias", adv_bias, F32, (A, N))
-    log_probs = output(k, "log_probs", log_probs, (B, A, N)) if "log_probs" in want else None
-    probs = output(k, "probs", probs, (B, A, N)) if "probs" in want else None
+    log_probs = output(k, "log_probs", log_probs, (rows_of("log_probs"), A, N)) if rows_of("log_probs") else None
+    probs = output(k, "probs", probs, (rows_of("probs"), A, N)) if rows_of("probs") else None
     q = output(k, "q", q, (B, A))
-    var = output(k, "var", var, (B, A)) if "var" in want else None
+    var = output(k, "var", var, (rows_of("var"), A)) if rows_of("var") else None
+    zq_pitch = _rows_view(k, "zq", zq, (B, offs[1])) if zq is not None else 0
     fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
     grid = blocks_for(B * (d1 - d0), WARPS)
-    fn((grid,), (THREADS,), (v, adv, v_bias, adv_bias, z, log_probs, probs, q, var, i32(B), i32(d0), i32(d1)))
+    fn((grid,), (THREADS,), (v, adv, v_bias, adv_bias, z, log_probs, probs, q, var, zq, i32(zq_pitch), f32(zq_scale),
+                             i32(B), i32(d0), i32(d1), i32(seg_rows), i32(seg_wants)))
     return log_probs, probs, q, var
 
 
@@ -383,69 +406,70 @@ def _matrix(k: str, name: str, a: Array) -> tuple[int, int]:
     return a.shape
 
 
-def _glu_args(k: str, pv: Array, bias: Array | None, x_extra: Array | None,
-              w_extra: Array | None) -> tuple[int, int, int, Array | None, Array | None]:
-    """Checks of the GLU's joint inputs; ``(B, H, E, x_extra, w_extra)`` (None when E = 0)."""
+def _rows_view(k: str, name: str, a: Array, shape: tuple[int, int]) -> int:
+    """Row pitch (floats) of ``a``: a [rows, cols] float32 view with unit column stride (e.g. a
+    column block of a wider array)."""
+    import cupy
+
+    if not isinstance(a, cupy.ndarray):
+        raise TypeError(f"{k}: {name} must be a CuPy array, got {type(a).__name__}")
+    if a.dtype != F32 or a.ndim != 2 or tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{k}: {name} must be a {list(shape)} float32 matrix, got {list(a.shape)} {a.dtype}")
+    ld = a.strides[0] // 4
+    if a.strides[1] != 4 or ld < shape[1] or a.strides[0] % 4:
+        raise ValueError(f"{k}: {name} must have unit column stride and a row pitch of at least {shape[1]}")
+    return ld
+
+
+def _augmented(k: str, name: str, out: Array | None, rows: int, cols: int, width: int | None) -> Array:
+    """An output of ``rows`` rows and ``width`` (>= ``cols``) columns: given (checked) or new."""
+    width = cols if width is None else int(width)
+    if width < cols:
+        raise ValueError(f"{k}: width {width} is less than the layer's {cols} columns")
+    if width * max(rows, 1) >= MAX_ELEMENTWISE:
+        raise ValueError(f"{k}: {name} would have {rows * width} elements; "
+                         "the elementwise kernels take fewer than 2^30")
+    return output(k, name, out, (rows, width))
+
+
+def _vec4(*arrays: Array | None) -> bool:
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def glu_forward(pv: Array, *, width: int | None = None, h: Array | None = None) -> Array:
+    """GLU over the joint layout: ``pv`` [B, 2H] is ``[u W_gate | u W_val]`` (one GEMM with the
+    two weights side by side, biases included). Returns ``h = sigmoid(gate pre-activation) * value``
+    [B, H], or with ``width`` > H the augmented ``[h, 0, ..., 0, 1]`` [B, width] (the input of a
+    GEMM whose weight block keeps the bias in its last row)."""
+    k = "glu_forward"
     B, H2 = _matrix(k, "pv", pv)
     if H2 % 2:
         raise ValueError(f"{k}: pv has {H2} columns; the joint layout [gate | value] needs an even number")
     H = H2 // 2
-    if bias is not None:
-        check_array(k, "bias", bias, F32, (H2,))
-    E = 0
-    if x_extra is not None:
-        E = _matrix(k, "x_extra", x_extra)[1]
-        check_array(k, "x_extra", x_extra, F32, (B, E))
-        if w_extra is None:
-            raise ValueError(f"{k}: x_extra needs w_extra")
-        check_array(k, "w_extra", w_extra, F32, (E, H2))
-    if E == 0:
-        x_extra = w_extra = None
-    return B, H, E, x_extra, w_extra
-
-
-def _glu_launch(k: str, arrays: tuple, H: int, total: int, args: tuple) -> None:
-    vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+    h = _augmented(k, "h", h, B, H, width)
+    W = h.shape[1]
+    vec4 = H % 4 == 0 and W % 4 == 0 and _vec4(pv, h)
+    total = B * W
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
-        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), args + (i64(total), i32(H)))
-
-
-def glu_forward(
-    pv: Array,
-    *,
-    bias: Array | None = None,
-    x_extra: Array | None = None,
-    w_extra: Array | None = None,
-    h: Array | None = None,
-) -> Array:
-    """GLU over the joint layout: ``pv`` [B, 2H] is ``[z W_gate | z W_val]`` (one GEMM with the
-    two weights side by side), ``bias`` [2H] is ``[b_gate | b_val]``, ``x_extra`` [B, E] are
-    further input columns with weights ``w_extra`` [E, 2H]. Returns
-    ``h = sigmoid(gate pre-activation) * value`` [B, H]."""
-    k = "glu_forward"
-    B, H, E, x_extra, w_extra = _glu_args(k, pv, bias, x_extra, w_extra)
-    h = output(k, "h", h, (B, H))
-    _glu_launch(k, (pv, bias, x_extra, w_extra, h), H, B * H, (pv, bias, x_extra, w_extra, i32(E), h))
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), (pv, h, i64(total), i32(H), i32(W)))
     return h
 
 
-def glu_backward(
-    dh: Array,
-    pv: Array,
-    *,
-    bias: Array | None = None,
-    x_extra: Array | None = None,
-    w_extra: Array | None = None,
-    dpv: Array | None = None,
-) -> Array:
-    """Backward of :func:`glu_forward` from its inputs (the gate and value are recomputed, the
+def glu_backward(dh: Array, pv: Array, *, dpv: Array | None = None) -> Array:
+    """Backward of :func:`glu_forward` from its input (the gate and value are recomputed, the
     forward keeps nothing else): ``dpv`` [B, 2H] = ``[d gate pre-activation | d value]``, with
     ``dpre = dh * val * gate * (1 - gate)``, ``dval = dh * gate``. ``dpv=pv`` runs in place."""
     k = "glu_backward"
-    B, H, E, x_extra, w_extra = _glu_args(k, pv, bias, x_extra, w_extra)
+    B, H2 = _matrix(k, "pv", pv)
+    if H2 % 2:
+        raise ValueError(f"{k}: pv has {H2} columns; the joint layout [gate | value] needs an even number")
+    H = H2 // 2
     check_array(k, "dh", dh, F32, (B, H))
-    dpv = output(k, "dpv", dpv, (B, 2 * H))
-    _glu_launch(k, (dh, pv, bias, x_extra, w_extra, dpv), H, B * H, (dh, pv, bias, x_extra, w_extra, i32(E), dpv))
+    dpv = output(k, "dpv", dpv, (B, H2))
+    vec4 = H % 4 == 0 and _vec4(dh, pv, dpv)
+    total = B * H
+    _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), (dh, pv, dpv, i64(total), i32(H)))
     return dpv
 
 
@@ -474,35 +498,65 @@ def relu_backward(dy: Array, y: Array, *, addend: Array | None = None, out: Arra
 
 
 def vsn_forward(
-    h2: Array, mpre: Array, *, bias: Array | None = None, m: Array | None = None, z: Array | None = None,
-    keep: bool = True,
+    h2: Array, mpre: Array, *, width: int | None = None, keep_rows: int | None = None,
+    m: Array | None = None, z: Array | None = None,
 ) -> tuple[Array | None, Array]:
-    """Variable-selection mask: ``m = sigmoid(mpre + bias)``, ``z = h2 * m``; returns ``(m, z)``.
-    Without ``keep`` (no backward follows) only ``z`` is written and ``m`` is None."""
+    """Variable-selection mask: ``m = sigmoid(mpre)``, ``z = h2 * m``; returns ``(m, z)``.
+
+    ``width`` > H gives the augmented ``z`` = ``[h2 * m, 0, ..., 0, 1]`` [B, width]. ``m`` is
+    written for the first ``keep_rows`` rows (default all; the rows a backward will read) and
+    is None for ``keep_rows=0``."""
     k = "vsn_forward"
     B, H = _matrix(k, "h2", h2)
     check_array(k, "mpre", mpre, F32, (B, H))
-    if bias is not None:
-        check_array(k, "bias", bias, F32, (H,))
-    m = output(k, "m", m, (B, H)) if keep else None
-    z = output(k, "z", z, (B, H))
-    total = B * H
-    vec4 = H % 4 == 0 and all(a is None or a.data.ptr % 16 == 0 for a in (h2, mpre, bias, m, z))
+    keep = B if keep_rows is None else int(keep_rows)
+    if not 0 <= keep <= B:
+        raise ValueError(f"{k}: keep_rows {keep} outside 0..{B}")
+    m = output(k, "m", m, (keep, H)) if keep else None
+    z = _augmented(k, "z", z, B, H, width)
+    W = z.shape[1]
+    vec4 = H % 4 == 0 and W % 4 == 0 and _vec4(h2, mpre, m, z)
+    total = B * W
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
-        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), (h2, mpre, bias, m, z, i64(total), i32(H)))
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
+        (h2, mpre, m, z, i64(total), i32(H), i32(W), i32(keep)))
     return m, z
 
 
 def vsn_backward(
     dz: Array, h2: Array, m: Array, *, dh2: Array | None = None, dmpre: Array | None = None
 ) -> tuple[Array, Array]:
-    """``(dh2, dmpre) = (dz * m, dz * h2 * m * (1 - m))`` — the mask's share of ``dh2`` and its pre-activation."""
+    """``(dh2, dmpre) = (dz * m, dz * h2 * m * (1 - m))`` — the mask's share of ``dh2`` and its
+    pre-activation. ``dz`` may be a column block of a wider array (any row pitch)."""
     k = "vsn_backward"
-    B, H = _matrix(k, "dz", dz)
-    check_array(k, "h2", h2, F32, (B, H))
+    B, H = _matrix(k, "h2", h2)
+    ld = _rows_view(k, "dz", dz, (B, H))
     check_array(k, "m", m, F32, (B, H))
     dh2 = output(k, "dh2", dh2, (B, H))
     dmpre = output(k, "dmpre", dmpre, (B, H))
     total = B * H
-    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,), (dz, h2, m, dh2, dmpre, i64(total)))
+    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,),
+                                 (dz, h2, m, dh2, dmpre, i64(total), i32(H), i32(ld)))
     return dh2, dmpre
+
+
+def pack_rows(sources: Sequence[Array], width: int, *, out: Array | None = None) -> Array:
+    """The rows of up to three [rows_i, S] sources one after another, each row augmented:
+    ``[x, 0, ..., 0, 1]`` [sum rows_i, width] (``width`` > S; ``width`` = S copies them)."""
+    k = "pack_rows"
+    if not 1 <= len(sources) <= 3:
+        raise ValueError(f"{k}: takes one to three sources, got {len(sources)}")
+    S = None
+    for i, x in enumerate(sources):
+        check_array(k, f"sources[{i}]", x, F32, (None, S))
+        S = x.shape[1]
+    rows = [x.shape[0] for x in sources]
+    R = sum(rows)
+    out = _augmented(k, "out", out, R, S, width)
+    W = out.shape[1]
+    xs = list(sources) + [sources[-1]] * (3 - len(sources))
+    r1, r2 = rows[0], rows[0] + (rows[1] if len(rows) > 1 else R)
+    total = R * W
+    _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,),
+                                 (xs[0], xs[1], xs[2], i32(r1), i32(min(r2, R)), out, i64(total), i32(S), i32(W)))
+    return out

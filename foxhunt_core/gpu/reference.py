@@ -120,22 +120,27 @@ def c51_target_loss(
     return m, dl * scale, loss, ent
 
 
-def glu_forward(pv: Array, bias: Array | None = None, x_extra: Array | None = None,
-                w_extra: Array | None = None) -> tuple[Array, Array, Array]:
-    """``(gate, h, value)`` of the GLU over the joint layout: ``pv`` [B, 2H] = ``[pre_gate | val]``,
-    ``bias`` [2H], ``x_extra`` [B, E] adding ``x_extra @ w_extra`` ([E, 2H])."""
-    full = pv if bias is None else pv + bias
-    if x_extra is not None:
-        full = full + x_extra @ w_extra
+def augment(x: Array, width: int | None) -> Array:
+    """``[x, 0, ..., 0, 1]`` [B, width] (``x`` itself when ``width`` is None or its width)."""
+    if width is None or width == x.shape[1]:
+        return x
+    out = np.zeros((x.shape[0], width), dtype=x.dtype)
+    out[:, : x.shape[1]] = x
+    out[:, -1] = 1.0
+    return out
+
+
+def glu_forward(pv: Array, width: int | None = None) -> tuple[Array, Array, Array]:
+    """``(gate, h, value)`` of the GLU over the joint layout: ``pv`` [B, 2H] = ``[pre_gate | val]``;
+    ``h`` augmented to ``width`` columns when given."""
     H = pv.shape[1] // 2
-    gate = L.sigmoid(full[:, :H])
-    return gate, gate * full[:, H:], full[:, H:]
+    gate = L.sigmoid(pv[:, :H])
+    return gate, augment(gate * pv[:, H:], width), pv[:, H:]
 
 
-def glu_backward(dh: Array, pv: Array, bias: Array | None = None, x_extra: Array | None = None,
-                 w_extra: Array | None = None) -> Array:
+def glu_backward(dh: Array, pv: Array) -> Array:
     """``[d pre_gate | d val]`` [B, 2H] of :func:`glu_forward`."""
-    gate, _, val = glu_forward(pv, bias, x_extra, w_extra)
+    gate, _, val = glu_forward(pv)
     return np.concatenate([L.sigmoid_backward(gate, dh * val), dh * gate], axis=1)
 
 
@@ -147,9 +152,13 @@ def relu_backward(dy: Array, y: Array, addend: Array | None = None) -> Array:
     return L.relu_backward(y, dy if addend is None else dy + addend)
 
 
-def vsn_forward(h2: Array, mpre: Array, bias: Array | None = None) -> tuple[Array, Array]:
-    m = L.sigmoid(mpre if bias is None else mpre + bias)
-    return m, h2 * m
+def vsn_forward(h2: Array, mpre: Array, width: int | None = None) -> tuple[Array, Array]:
+    m = L.sigmoid(mpre)
+    return m, augment(h2 * m, width)
+
+
+def pack_rows(sources: Sequence[Array], width: int) -> Array:
+    return augment(np.concatenate(list(sources), axis=0), width)
 
 
 def vsn_backward(dz: Array, h2: Array, m: Array) -> tuple[Array, Array]:

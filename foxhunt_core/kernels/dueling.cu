@@ -65,6 +65,11 @@ __device__ __forceinline__ void warp_sum_n(float (&x)[M]) {
 // v_bias / adv_bias (the value head's and the advantage layers' biases) are added as the
 // inputs are read, when given. log_probs, probs and var may be null: a forward that only needs
 // the expected Q (the bootstrap's action choice) skips their writes.
+// Segments: the rows fall into consecutive segments of seg_rows rows (forwards of different
+// networks or inputs run as one), and segment s writes log_probs / probs / var only where bit
+// 0 / 1 / 2 of (seg_wants >> 3 s) is set; every output is indexed by the row over all segments.
+// zq (optional, row pitch zq_pitch): the direction branch's (branch 0's) Q times zq_scale is
+// also written there: the magnitude branch's input columns in the augmented z.
 extern "C" __global__ void dueling_softmax_forward(
     const float* __restrict__ v,          // [B, V_PITCH]
     const float* __restrict__ adv,        // [B, c_D]
@@ -75,7 +80,9 @@ extern "C" __global__ void dueling_softmax_forward(
     float* __restrict__ probs,            // [B, A, N] or null
     float* __restrict__ q,                // [B, A]
     float* __restrict__ var,              // [B, A] or null
-    int batch, int branch_begin, int branch_end)
+    float* __restrict__ zq,               // [B, zq_pitch] or null
+    int zq_pitch, float zq_scale,
+    int batch, int branch_begin, int branch_end, int seg_rows, int seg_wants)
 {
     const int lane = threadIdx.x & 31;
     const int warps_per_block = blockDim.x >> 5;
@@ -95,6 +102,9 @@ extern "C" __global__ void dueling_softmax_forward(
          row += (long long)gridDim.x * warps_per_block) {
         const long long b = row / nbr;
         const int d = branch_begin + (int)(row % nbr);
+        const int wants = seg_wants >> (3 * (int)(b / seg_rows));
+        float* __restrict__ lp_out = (wants & 1) ? log_probs : nullptr;
+        float* __restrict__ p_out = (wants & 2) ? probs : nullptr;
         const int a0 = kBranchOffsets[d];
         const int n = kBranchOffsets[d + 1] - a0;
         const float* adv_d = adv + b * adv_pitch + kAdvColumns[d];
@@ -160,8 +170,8 @@ extern "C" __global__ void dueling_softmax_forward(
                 if (j < NUM_ATOMS) {
                     const float lp = lg[i][k] - lse;
                     const float p = expf(lp);
-                    if (log_probs != nullptr) log_probs[base + j] = lp;
-                    if (probs != nullptr) probs[base + j] = p;
+                    if (lp_out != nullptr) lp_out[base + j] = lp;
+                    if (p_out != nullptr) p_out[base + j] = p;
                     s1[i] += p * zz[k];
                     s2[i] += p * zz[k] * zz[k];
                 }
@@ -174,7 +184,8 @@ extern "C" __global__ void dueling_softmax_forward(
             for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
                 if (i >= n) break;
                 q[b * NUM_ACTIONS + a0 + i] = s1[i];
-                if (var != nullptr) var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2[i] - s1[i] * s1[i], 0.0f);
+                if (var != nullptr && (wants & 4)) var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2[i] - s1[i] * s1[i], 0.0f);
+                if (zq != nullptr && d == 0) zq[b * zq_pitch + i] = s1[i] * zq_scale;
             }
         }
     }

@@ -1,17 +1,23 @@
 // Elementwise layers of the network between its GEMMs: forward and backward.
 //
 // NumPy twins (foxhunt_core/net/layers.py and foxhunt_core/net/network.py):
-//   glu_forward        gate = sigmoid(pre + b_gate + x_e W_e,g), val = v + b_val + x_e W_e,v, h = gate * val
+//   glu_forward        gate = sigmoid(pre), h = gate * val                           (pv = [pre | val])
 //   glu_backward       dpre = dh * val * gate * (1 - gate), dval = dh * gate  (gate, val recomputed)
 //   bias_relu_forward  y = relu(x + b)                                               (trunk layers)
 //   relu_backward      dx = (dy + addend) * (y > 0)                                  (addend optional)
-//   vsn_forward        m = sigmoid(mpre + b), z = h2 * m                             (variable selection)
+//   vsn_forward        m = sigmoid(mpre), z = h2 * m                                 (variable selection)
 //   vsn_backward       dh2 = dz * m, dmpre = dz * h2 * m * (1 - m)
+//   pack_rows          [x, 0, ..., 0, 1] rows from up to three sources                (network input)
 // Launch wrappers: foxhunt_core/gpu/kernels.py.
 //
 // Thread mapping: one thread per element, grid-stride loop; `cols` is the width of the
 // row-major [rows, cols] arrays (the bias index is the column). Every output may alias the
 // input it replaces (same index read before written), so all of them can run in place.
+//
+// Augmented outputs: the GPU network keeps each layer's bias in the last row of its weight
+// block, so the input of such a GEMM carries a column of ones. glu_forward, vsn_forward and
+// pack_rows write an output whose row pitch `ld` may exceed the layer's width `cols`: the extra
+// columns then hold zeros and, in the last one, a one ([x, 0, ..., 0, 1]).
 
 // 32-bit indices: the wrappers refuse arrays of 2^30 elements or more, so i + stride cannot
 // overflow, and the column index costs a 32-bit division instead of a 64-bit one.
@@ -24,60 +30,34 @@ __device__ __forceinline__ float stable_sigmoid(float x) {
     return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
-// The GLU works on the joint layout of a branch's two GEMM outputs: pv [rows, 2 cols] holds the
-// gate pre-activation in its first `cols` columns and the value in the last `cols` (one GEMM with
-// the gate and value weights side by side); the biases are one [2 cols] vector and the extra
-// columns' weights one [n_extra, 2 cols] matrix the same way.
-// x_extra [rows, n_extra] are the branch's input columns beyond the shared features z (the
-// magnitude branch's direction Q, branch-input stages): their rank-n_extra share of the two
-// pre-activations, x_extra W_extra, is added here instead of widening the GEMM's input.
-// The forward writes only h; the backward recomputes gate and value the same way from pv (so
-// the update keeps no [rows, cols] caches of them) and may write its gradient over pv.
-__device__ __forceinline__ void glu_inputs(const float* pv, const float* bias, const float* x_extra,
-                                           const float* w_extra, int n_extra, int r, int c, int cols,
-                                           float& pg, float& vv) {
-    const int w2 = 2 * cols;
-    pg = pv[r * w2 + c];
-    vv = pv[r * w2 + cols + c];
-    if (bias != nullptr) {
-        pg += bias[c];
-        vv += bias[cols + c];
-    }
-    for (int e = 0; e < n_extra; ++e) {
-        const float x = x_extra[r * n_extra + e];
-        pg += x * w_extra[e * w2 + c];
-        vv += x * w_extra[e * w2 + cols + c];
-    }
-}
+// The tail of an augmented row: zeros, then a one in the row's last column.
+__device__ __forceinline__ float tail_value(int c, int ld) { return c == ld - 1 ? 1.0f : 0.0f; }
 
+// The GLU works on the joint layout of a branch's GEMM output: pv [rows, 2 cols] holds the gate
+// pre-activation in its first `cols` columns and the value in the last `cols` (one GEMM with the
+// gate and value weights side by side, their biases in the weight block's last row). The
+// forward writes only h; the backward recomputes gate and value from pv (so the update keeps no
+// [rows, cols] caches of them) and may write its gradient over pv.
 extern "C" __global__ void glu_forward(
-    const float* pv,                     // [rows, 2 cols]  [z W_gate | z W_val]
-    const float* bias,                   // [2 cols] [b_gate | b_val] or null
-    const float* x_extra,                // [rows, n_extra] or null (then n_extra = 0)
-    const float* w_extra,                // [n_extra, 2 cols]
-    int n_extra,
-    float* h,                            // [rows, cols]
-    long long total, int cols)
+    const float* pv,                     // [rows, 2 cols]  [u W_gate | u W_val]
+    float* h,                            // [rows, ld]
+    long long total, int cols, int ld)   // total = rows * ld
 {
     GRID_STRIDE(i, total) {
-        const int r = i / cols, c = i - r * cols;
-        float pg, vv;
-        glu_inputs(pv, bias, x_extra, w_extra, n_extra, r, c, cols, pg, vv);
-        h[i] = stable_sigmoid(pg) * vv;
+        const int r = i / ld, c = i - r * ld;
+        h[i] = c < cols ? stable_sigmoid(pv[r * 2 * cols + c]) * pv[r * 2 * cols + cols + c] : tail_value(c, ld);
     }
 }
 
 extern "C" __global__ void glu_backward(
     const float* dh,                     // [rows, cols]
     const float* pv,                     // [rows, 2 cols] the forward's input
-    const float* bias, const float* x_extra, const float* w_extra, int n_extra,   // as glu_forward
     float* dpv,                          // [rows, 2 cols] [d pre_gate | d val]; may be pv
-    long long total, int cols)
+    long long total, int cols)           // total = rows * cols
 {
     GRID_STRIDE(i, total) {
         const int r = i / cols, c = i - r * cols;
-        float pg, vv;
-        glu_inputs(pv, bias, x_extra, w_extra, n_extra, r, c, cols, pg, vv);
+        const float pg = pv[r * 2 * cols + c], vv = pv[r * 2 * cols + cols + c];
         const float g = stable_sigmoid(pg);
         const float d = dh[i];
         dpv[r * 2 * cols + c] = d * vv * g * (1.0f - g);
@@ -85,56 +65,37 @@ extern "C" __global__ void glu_backward(
     }
 }
 
-// The same four consecutive columns per thread (float4 loads and stores), for rows whose width
-// is a multiple of 4 and arrays aligned to 16 bytes (the wrappers check both and otherwise
-// launch the kernels above). `total` and `cols` count floats.
+// The same four consecutive columns per thread (float4 loads and stores), for widths that are
+// multiples of 4 and arrays aligned to 16 bytes (the wrappers check both and otherwise launch
+// the kernels above). `total`, `cols` and `ld` count floats.
 __device__ __forceinline__ float4 ld4(const float* p, int i) { return reinterpret_cast<const float4*>(p)[i]; }
 __device__ __forceinline__ void st4(float* p, int i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
-__device__ __forceinline__ void add4(float4& a, float4 b) { a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w; }
-__device__ __forceinline__ void fma4(float4& a, float x, float4 b) {
-    a.x += x * b.x; a.y += x * b.y; a.z += x * b.z; a.w += x * b.w;
+__device__ __forceinline__ float4 tail4(int c4, int ld) {
+    return make_float4(tail_value(4 * c4, ld), tail_value(4 * c4 + 1, ld), tail_value(4 * c4 + 2, ld),
+                       tail_value(4 * c4 + 3, ld));
 }
 
-__device__ __forceinline__ void glu_inputs4(const float* pv, const float* bias, const float* x_extra,
-                                            const float* w_extra, int n_extra, int r, int c4, int cols4,
-                                            float4& pg, float4& vv) {
-    const int w4 = 2 * cols4;
-    pg = ld4(pv, r * w4 + c4);
-    vv = ld4(pv, r * w4 + cols4 + c4);
-    if (bias != nullptr) {
-        add4(pg, ld4(bias, c4));
-        add4(vv, ld4(bias, cols4 + c4));
-    }
-    for (int e = 0; e < n_extra; ++e) {
-        const float x = x_extra[r * n_extra + e];
-        fma4(pg, x, ld4(w_extra, e * w4 + c4));
-        fma4(vv, x, ld4(w_extra, e * w4 + cols4 + c4));
-    }
-}
-
-extern "C" __global__ void glu_forward_vec4(
-    const float* pv, const float* bias, const float* x_extra, const float* w_extra, int n_extra,
-    float* h, long long total, int cols)
+extern "C" __global__ void glu_forward_vec4(const float* pv, float* h, long long total, int cols, int ld)
 {
-    const int cols4 = cols >> 2;
+    const int cols4 = cols >> 2, ld4_ = ld >> 2;
     GRID_STRIDE(t, total >> 2) {
-        const int r = t / cols4, c4 = t - r * cols4;
-        float4 pg, vv;
-        glu_inputs4(pv, bias, x_extra, w_extra, n_extra, r, c4, cols4, pg, vv);
+        const int r = t / ld4_, c4 = t - r * ld4_;
+        if (c4 >= cols4) {
+            st4(h, t, tail4(c4, ld));
+            continue;
+        }
+        const float4 pg = ld4(pv, r * 2 * cols4 + c4), vv = ld4(pv, r * 2 * cols4 + cols4 + c4);
         st4(h, t, make_float4(stable_sigmoid(pg.x) * vv.x, stable_sigmoid(pg.y) * vv.y,
                               stable_sigmoid(pg.z) * vv.z, stable_sigmoid(pg.w) * vv.w));
     }
 }
 
-extern "C" __global__ void glu_backward_vec4(
-    const float* dh, const float* pv, const float* bias, const float* x_extra, const float* w_extra,
-    int n_extra, float* dpv, long long total, int cols)
+extern "C" __global__ void glu_backward_vec4(const float* dh, const float* pv, float* dpv, long long total, int cols)
 {
     const int cols4 = cols >> 2;
     GRID_STRIDE(t, total >> 2) {
         const int r = t / cols4, c4 = t - r * cols4;
-        float4 pg, vv;
-        glu_inputs4(pv, bias, x_extra, w_extra, n_extra, r, c4, cols4, pg, vv);
+        const float4 pg = ld4(pv, r * 2 * cols4 + c4), vv = ld4(pv, r * 2 * cols4 + cols4 + c4);
         const float4 d = ld4(dh, t);
         const float4 g = make_float4(stable_sigmoid(pg.x), stable_sigmoid(pg.y),
                                      stable_sigmoid(pg.z), stable_sigmoid(pg.w));
@@ -169,51 +130,76 @@ extern "C" __global__ void relu_backward(
     }
 }
 
-// m may be null (a forward whose caches are not kept writes only z).
+// z [rows, ld] (augmented when ld > cols); m [keep_rows, cols] is written for the first
+// keep_rows rows only (the rows a backward will read; 0: none).
 extern "C" __global__ void vsn_forward(
     const float* h2,                     // [rows, cols]
-    const float* mpre,                   // [rows, cols] h2 @ W_vsn
-    const float* bias,                   // [cols] or null
-    float* m,                            // [rows, cols] or null
-    float* z,                            // [rows, cols]
-    long long total, int cols)
+    const float* mpre,                   // [rows, cols] h2 @ W_vsn + b_vsn
+    float* m,                            // [keep_rows, cols] or null
+    float* z,                            // [rows, ld]
+    long long total, int cols, int ld, int keep_rows)   // total = rows * ld
 {
     GRID_STRIDE(i, total) {
-        const float pre = bias != nullptr ? mpre[i] + bias[(int)(i % cols)] : mpre[i];
-        const float s = stable_sigmoid(pre);
-        if (m != nullptr) m[i] = s;
-        z[i] = h2[i] * s;
+        const int r = i / ld, c = i - r * ld;
+        if (c >= cols) {
+            z[i] = tail_value(c, ld);
+            continue;
+        }
+        const float s = stable_sigmoid(mpre[r * cols + c]);
+        if (r < keep_rows) m[r * cols + c] = s;
+        z[i] = h2[r * cols + c] * s;
     }
 }
 
 // vsn_forward on four consecutive columns per thread (as glu_forward_vec4).
 extern "C" __global__ void vsn_forward_vec4(
-    const float* h2, const float* mpre, const float* bias, float* m, float* z, long long total, int cols)
+    const float* h2, const float* mpre, float* m, float* z, long long total, int cols, int ld, int keep_rows)
 {
-    const int cols4 = cols >> 2;
+    const int cols4 = cols >> 2, ld4_ = ld >> 2;
     GRID_STRIDE(t, total >> 2) {
-        float4 p = ld4(mpre, t);
-        if (bias != nullptr) {
-            const float4 b = ld4(bias, t % cols4);
-            p.x += b.x; p.y += b.y; p.z += b.z; p.w += b.w;
+        const int r = t / ld4_, c4 = t - r * ld4_;
+        if (c4 >= cols4) {
+            st4(z, t, tail4(c4, ld));
+            continue;
         }
+        const int i4 = r * cols4 + c4;
+        const float4 p = ld4(mpre, i4);
         const float4 s = make_float4(stable_sigmoid(p.x), stable_sigmoid(p.y), stable_sigmoid(p.z), stable_sigmoid(p.w));
-        if (m != nullptr) st4(m, t, s);
-        const float4 h = ld4(h2, t);
+        if (r < keep_rows) st4(m, i4, s);
+        const float4 h = ld4(h2, i4);
         st4(z, t, make_float4(h.x * s.x, h.y * s.y, h.z * s.z, h.w * s.w));
     }
 }
 
+// dz has row pitch ld_dz >= cols (a column block of the wider input gradient of z's GEMMs).
 extern "C" __global__ void vsn_backward(
-    const float* dz, const float* h2, const float* m,       // [total]
-    float* dh2, float* dmpre,                               // [total]
-    long long total)
+    const float* dz,                                        // [rows, ld_dz]
+    const float* h2, const float* m,                        // [rows, cols]
+    float* dh2, float* dmpre,                               // [rows, cols]
+    long long total, int cols, int ld_dz)                   // total = rows * cols
 {
     GRID_STRIDE(i, total) {
-        const float d = dz[i];
+        const int r = i / cols, c = i - r * cols;
+        const float d = dz[r * ld_dz + c];
         const float s = m[i];
         const float dm = d * h2[i];
         dh2[i] = d * s;
         dmpre[i] = dm * s * (1.0f - s);
+    }
+}
+
+// out [rows, ld] = [x, 0, ..., 0, 1] (augmented when ld > cols), row r taken from x0 for
+// r < r1, from x1 for r1 <= r < r2 and from x2 after that (each source [its rows, cols]).
+extern "C" __global__ void pack_rows(
+    const float* x0, const float* x1, const float* x2, int r1, int r2,
+    float* out, long long total, int cols, int ld)           // total = rows * ld
+{
+    GRID_STRIDE(i, total) {
+        const int r = i / ld, c = i - r * ld;
+        if (c >= cols) {
+            out[i] = tail_value(c, ld);
+            continue;
+        }
+        out[i] = r < r1 ? x0[r * cols + c] : r < r2 ? x1[(r - r1) * cols + c] : x2[(r - r2) * cols + c];
     }
 }

@@ -221,6 +221,20 @@ class BranchingC51:
             )
         return NetOutput(all_logits, probs, log_probs, cache)
 
+    def forward_many(self, segments: list[tuple[ParamTree, Array, tuple[str, ...]]] | tuple,
+                     keep_cache: bool = False) -> list[NetOutput]:
+        """Several forwards ``(params, obs, outputs)``, one :class:`NetOutput` each, the first
+        with its cache when ``keep_cache``. The fused GPU path runs them as one where the
+        parameters allow (:func:`.fused.forward_segments`: one tree, or trees stacked in one
+        allocation); the reference path runs them one by one."""
+        segments = list(segments)
+        if segments and self.fused(segments[0][1]):
+            from . import fused
+
+            return fused.forward_segments(self, segments, keep_cache)
+        return [self.forward(p, x, keep_cache=keep_cache and i == 0, outputs=tuple(o))
+                for i, (p, x, o) in enumerate(segments)]
+
     # ------------------------------------------------------------------ backward
     def backward(self, params: ParamTree, out: NetOutput, dlogits: Array,
                  grads_into: ParamTree | None = None) -> ParamTree:

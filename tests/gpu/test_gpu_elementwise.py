@@ -21,19 +21,27 @@ def _rand(rng, *shape, scale=2.0):
     return rng.normal(0, scale, shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("width", [None, "augmented"])
 @pytest.mark.parametrize("B,H", SHAPES)
-def test_glu_forward_and_backward(cp, rng, B, H, with_bias):
-    """The joint layout pv = [pre_gate | val]; the backward recomputes gate and value."""
+def test_glu_forward_and_backward(cp, rng, B, H, width):
+    """The joint layout pv = [pre_gate | val]; the augmented output [h, 0, ..., 0, 1] is the
+    input of a GEMM whose weight block keeps the bias in its last row; the backward recomputes
+    gate and value and may write over its input."""
     pv = np.concatenate([_rand(rng, B, H, scale=6.0), _rand(rng, B, H)], axis=1)  # large |pre|: both sigmoid branches
-    bias = _rand(rng, 2 * H) if with_bias else None
+    W = None if width is None else -(-(H + 1) // 4) * 4
     dh = _rand(rng, B, H)
-    dbias = None if bias is None else to_dev(cp, bias)
-    h = K.glu_forward(to_dev(cp, pv), bias=dbias, h=nan_like(cp, (B, H)))
-    _, rh, _ = R.glu_forward(host64(pv), None if bias is None else host64(bias))
+    d_pv = to_dev(cp, pv)
+    h = K.glu_forward(d_pv, width=W, h=nan_like(cp, (B, W or H)))
+    _, rh, _ = R.glu_forward(host64(pv), W)
     assert_close("h", h, rh, TOL)
-    dpv = K.glu_backward(to_dev(cp, dh), to_dev(cp, pv), bias=dbias, dpv=nan_like(cp, (B, 2 * H)))
-    assert_close("dpv", dpv, R.glu_backward(host64(dh), host64(pv), None if bias is None else host64(bias)), TOL)
+    if W is not None:
+        assert np.array_equal(host64(h)[:, H:], rh[:, H:])  # exact zeros and ones
+    assert_close("pv untouched", d_pv, pv, 1e-7)
+    dpv = K.glu_backward(to_dev(cp, dh), d_pv, dpv=nan_like(cp, (B, 2 * H)))
+    assert_close("dpv", dpv, R.glu_backward(host64(dh), host64(pv)), TOL)
+    out = K.glu_backward(to_dev(cp, dh), d_pv, dpv=d_pv)  # in place
+    assert out is d_pv
+    assert_close("dpv in place", out, R.glu_backward(host64(dh), host64(pv)), TOL)
 
 
 @pytest.mark.parametrize("B,H", SHAPES)
@@ -57,28 +65,46 @@ def test_relu_backward(cp, rng, with_addend):
 
 
 @pytest.mark.parametrize("H", [256, 37])  # float4 kernel, scalar kernel
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_vsn_forward_and_backward(cp, rng, with_bias, H):
-    B = 200
+@pytest.mark.parametrize("width", [None, "augmented"])
+def test_vsn_forward_and_backward(cp, rng, width, H):
+    """z plain or augmented ([z, 0, ..., 0, 1], 4 wider than the next multiple of 4 for the
+    network's direction-Q columns), m kept for the first rows only (in place over mpre), and the
+    backward reading dz as a column block of a wider array."""
+    B, keep = 200, 120
+    W = None if width is None else -(-(H + 4) // 4) * 4
     h2 = np.maximum(_rand(rng, B, H), 0).astype(np.float32)
-    mpre, b, dz = _rand(rng, B, H, scale=5.0), _rand(rng, H), _rand(rng, B, H)
-    m, z = K.vsn_forward(to_dev(cp, h2), to_dev(cp, mpre), bias=to_dev(cp, b) if with_bias else None,
-                         m=nan_like(cp, (B, H)), z=nan_like(cp, (B, H)))
-    rm, rz = R.vsn_forward(host64(h2), host64(mpre), host64(b) if with_bias else None)
+    mpre, dz = _rand(rng, B, H, scale=5.0), _rand(rng, B, H)
+    m, z = K.vsn_forward(to_dev(cp, h2), to_dev(cp, mpre), width=W, m=nan_like(cp, (B, H)), z=nan_like(cp, (B, W or H)))
+    rm, rz = R.vsn_forward(host64(h2), host64(mpre), W)
     assert_close("m", m, rm, TOL)
     assert_close("z", z, rz, TOL)
-    # Without keep only z is written (m stays as it was: here, in place over mpre).
+    # m for the first `keep` rows only, written over mpre; nothing for keep_rows = 0.
     dmpre_in = to_dev(cp, mpre)
-    m2, z2 = K.vsn_forward(to_dev(cp, h2), dmpre_in, bias=to_dev(cp, b) if with_bias else None, m=dmpre_in,
-                           z=nan_like(cp, (B, H)), keep=False)
-    assert m2 is None
-    assert_close("z (no keep)", z2, rz, TOL)
-    assert_close("mpre untouched", dmpre_in, mpre, 1e-7)
-    dh2, dmpre = K.vsn_backward(to_dev(cp, dz), to_dev(cp, h2), m,
+    m2, z2 = K.vsn_forward(to_dev(cp, h2), dmpre_in, width=W, keep_rows=keep, m=dmpre_in[:keep],
+                           z=nan_like(cp, (B, W or H)))
+    assert_close("m (kept rows)", m2, rm[:keep], TOL)
+    assert_close("z (kept rows)", z2, rz, TOL)
+    assert_close("mpre past the kept rows", dmpre_in[keep:], mpre[keep:], 1e-7)
+    m3, _ = K.vsn_forward(to_dev(cp, h2), to_dev(cp, mpre), width=W, keep_rows=0)
+    assert m3 is None
+    wide = nan_like(cp, (B, H + 5))
+    wide[:, :H] = to_dev(cp, dz)
+    dh2, dmpre = K.vsn_backward(wide[:, :H], to_dev(cp, h2), m,
                                 dh2=nan_like(cp, (B, H)), dmpre=nan_like(cp, (B, H)))
     rdh2, rdmpre = R.vsn_backward(host64(dz), host64(h2), host64(m))
     assert_close("dh2", dh2, rdh2, TOL)
     assert_close("dmpre", dmpre, rdmpre, TOL)
+
+
+@pytest.mark.parametrize("counts", [(37,), (20, 9), (16, 16, 16)])
+def test_pack_rows(cp, rng, counts):
+    """The network's input: the rows of up to three sources one after another, augmented."""
+    S = 50
+    xs = [_rand(rng, n, S) for n in counts]
+    out = K.pack_rows([to_dev(cp, x) for x in xs], 52, out=nan_like(cp, (sum(counts), 52)))
+    ref = R.pack_rows([host64(x) for x in xs], 52)
+    assert np.array_equal(host64(out), ref)
+    assert np.array_equal(host64(K.pack_rows([to_dev(cp, xs[0])], S)), host64(xs[0]))
 
 
 def test_elementwise_wrappers_check_shapes(cp):
@@ -91,3 +117,11 @@ def test_elementwise_wrappers_check_shapes(cp):
         K.glu_forward(cp.zeros((4, 7), cp.float32))
     with pytest.raises(TypeError, match="relu_backward: out must be float32"):
         K.relu_backward(x, x, out=cp.zeros((4, 8), cp.float64))
+    with pytest.raises(ValueError, match="glu_forward: width 3 is less than"):
+        K.glu_forward(x, width=3)
+    with pytest.raises(ValueError, match="vsn_forward: keep_rows 5 outside"):
+        K.vsn_forward(x, x, keep_rows=5)
+    with pytest.raises(ValueError, match="vsn_backward: dz must have unit column stride"):
+        K.vsn_backward(cp.zeros((8, 4), cp.float32).T, x, x)
+    with pytest.raises(ValueError, match="pack_rows: takes one to three sources"):
+        K.pack_rows([x] * 4, 8)

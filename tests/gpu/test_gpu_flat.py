@@ -116,8 +116,8 @@ def test_shared_blocks_hold_two_tensors_side_by_side():
 
 
 @pytest.mark.parametrize("spec,match", [
-    (Shared("a", 2), "does not fit beside a"),   # overlaps a's own columns
-    (Shared("a", 5), "does not fit beside a"),   # runs past the block
+    (Shared("a", 2), "core/b: overlaps a"),   # overlaps a's own columns
+    (Shared("a", 5), "does not fit in the block"),   # runs past the block
     (Shared("c", 4), "which has none of its own"),
     (Shared("zz", 4), "which has none of its own"),
 ])
@@ -125,3 +125,48 @@ def test_shared_blocks_are_checked(spec, match):
     storage = {"core": {"a": (3, 8), "b": spec}}
     with pytest.raises(ValueError, match=match):
         FlatTree({"core": {"a": (3, 4), "b": (3, 4), "c": (2,)}}, storage=storage)
+
+
+def test_a_vector_may_live_in_a_row_of_a_matrix_block():
+    # The GPU network's layout: weights [K, H] with the bias in the block's last row.
+    shapes = {"core": {"w": (3, 4), "v": (3, 4), "b": (4,), "c": (4,)}}
+    spec = {"core": {"w": (4, 8), "v": Shared("w", 4), "b": Shared("w", 0, row=3), "c": Shared("w", 4, row=3)}}
+    f = FlatTree(shapes, align=8, storage=spec)
+    f.view("core", "w")[...] = 1.0
+    f.view("core", "v")[...] = 2.0
+    f.view("core", "b")[...] = 3.0
+    f.view("core", "c")[...] = 4.0
+    blk = f.storage["core"]["w"]
+    assert np.array_equal(blk[3], [3, 3, 3, 3, 4, 4, 4, 4])
+    assert np.array_equal(blk[:3], np.repeat([[1.0] * 4 + [2.0] * 4], 3, axis=0))
+    assert f.size == 32 and all(f.slots["core"][n].size == 0 for n in "vbc")
+    g = f.zeros_like()
+    assert g.storage["core"]["w"] is g.storage["core"]["b"]
+    g.load({"core": {"b": np.arange(4.0)}})
+    assert np.array_equal(g.storage["core"]["w"][3, :4], np.arange(4.0))
+
+
+@pytest.mark.parametrize("spec,match", [
+    (Shared("w", 0, row=2), "core/b: overlaps w"),       # the weights' own rows
+    (Shared("w", 6, row=3), "does not fit in the block"),  # past the last column
+    (Shared("w", 0, row=4), "does not fit in the block"),  # past the last row
+])
+def test_row_shared_vectors_are_checked(spec, match):
+    storage = {"core": {"w": (4, 8), "b": spec}}
+    with pytest.raises(ValueError, match=match):
+        FlatTree({"core": {"w": (3, 4), "b": (4,)}}, storage=storage)
+
+
+def test_stacked_trees_share_one_allocation_at_a_constant_stride():
+    spec = {"core": {"a": (4, 8)}}
+    trees = FlatTree.stacked(3, {"core": {"a": (3, 4), "b": (5,)}}, align=8, storage=spec)
+    stride = trees[0].size
+    base = trees[0].buffer.__array_interface__["data"][0]
+    for i, t in enumerate(trees):
+        assert t.buffer.__array_interface__["data"][0] == base + 4 * i * stride
+        assert t.storage["core"]["a"].__array_interface__["data"][0] == base + 4 * i * stride
+        t.view("core", "b")[...] = float(i)
+    assert [float(t.view("core", "b")[0]) for t in trees] == [0.0, 1.0, 2.0]
+    assert not trees[1].storage["core"]["a"].any()  # zeroed, padding included
+    with pytest.raises(ValueError, match="buffer must be"):
+        FlatTree({"core": {"a": (3, 4)}}, buffer=np.zeros(5, dtype=np.float32))

@@ -1,10 +1,12 @@
 """Parity of the kernel features the fused update relies on, against their NumPy twins.
 
-Dueling forward with the biases added on read and outputs skipped; the dueling backward in two
-branch passes with ``dv`` accumulated; the gather/scatter of the chosen actions' rows; the C51
-loss reading whole [B, A, N] outputs at given actions and writing the gradient over all actions;
-the GLU (joint [gate | value] layout) with extra input columns, its backward recomputing gate
-and value; cuBLAS products into strided views, with ``beta``. Fresh random inputs, outputs poisoned with NaN.
+Dueling forward with the biases added on read and outputs skipped, and with segments (several
+forwards in one launch, each writing what it wants) and the direction Q written into the
+augmented z; the dueling backward in two branch passes with ``dv`` accumulated; the
+gather/scatter of the chosen actions' rows; the C51 loss reading whole [B, A, N] outputs at
+given actions and writing the gradient over all actions; cuBLAS products into strided views, with
+``beta``, with epilogues, and stacked (strided-batched over parameter trees in one allocation).
+Fresh random inputs, outputs poisoned with NaN.
 
 Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for the kernels (float32 against float64 of the same
 inputs); 1e-6 for the fp32 GEMMs (TF32 off).
@@ -162,29 +164,40 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
     assert_close("entropy", got[3], rent, TOL)
 
 
-@pytest.mark.parametrize("H", [96, 37])  # float4 kernel, scalar kernel
-@pytest.mark.parametrize("E", [0, 3, 5])
-@pytest.mark.parametrize("in_place", [False, True])
-def test_glu_with_extra_columns(cp, rng, E, H, in_place):
-    """GLU forward and backward over the joint layout with a branch's extra input columns (their
-    weights: rows of the joint [K, 2H] block); the backward may write over its input."""
-    B = 301
-    pv = rng.normal(size=(B, 2 * H)).astype(np.float32)
-    bias = rng.normal(size=2 * H).astype(np.float32)
-    xe = rng.normal(size=(B, E)).astype(np.float32)
-    we = rng.normal(size=(E, 2 * H)).astype(np.float32)
-    dh = rng.normal(size=(B, H)).astype(np.float32)
-    extra = dict(x_extra=to_dev(cp, xe), w_extra=to_dev(cp, we)) if E else {}
-    d_pv = to_dev(cp, pv)
-    h = K.glu_forward(d_pv, bias=to_dev(cp, bias), h=nan_like(cp, (B, H)), **extra)
-    _, rh, _ = R.glu_forward(host64(pv), host64(bias), host64(xe) if E else None, host64(we) if E else None)
-    assert_close("h", h, rh, TOL)
-    assert_close("pv untouched", d_pv, pv, 1e-7)
-    rdpv = R.glu_backward(host64(dh), host64(pv), host64(bias), host64(xe) if E else None, host64(we) if E else None)
-    out = d_pv if in_place else nan_like(cp, (B, 2 * H))
-    dpv = K.glu_backward(to_dev(cp, dh), d_pv, bias=to_dev(cp, bias), dpv=out, **extra)
-    assert dpv is out
-    assert_close("dpv", dpv, rdpv, TOL)
+@pytest.mark.parametrize("N,offsets", LAYOUTS)
+def test_dueling_forward_in_segments(cp, rng, N, offsets):
+    """Three forwards in one launch (the update's online s, online s', target s'), each writing
+    only its outputs, in the padded layout; the direction branch's Q scaled into a column block of
+    a wider array (the augmented z)."""
+    S, A = 67, offsets[-1]
+    B, D = 3 * S, len(offsets) - 1
+    Nv = padded(N)
+    v = rng.normal(size=(B, N)).astype(np.float32)
+    adv = rng.normal(size=(B, A, N)).astype(np.float32)
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    v_pad = np.zeros((B, Nv), np.float32)
+    v_pad[:, :N] = v
+    ref = R.dueling_softmax_forward(host64(v), host64(adv), host64(z), offsets)
+    wants = [("log_probs", "probs", "q", "var"), ("q",), ("probs",)]
+    outs = dict(log_probs=nan_like(cp, (S, A, N)), probs=nan_like(cp, (B, A, N)), q=nan_like(cp, (B, A)),
+                var=nan_like(cp, (S, A)))
+    zwide = nan_like(cp, (B, 12))
+    dv, dadv, dz = to_dev(cp, v_pad), to_dev(cp, R.columns_from_adv(adv, offsets)), to_dev(cp, z)
+    K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(0, 1), segments=wants, zq=zwide[:, 5 : 5 + offsets[1]],
+                              zq_scale=0.25, **outs)
+    K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(1, D), segments=wants, **outs)
+    assert_close("log_probs", outs["log_probs"], ref[0][:S], TOL)
+    assert_close("var", outs["var"], ref[3][:S], TOL)
+    assert_close("q", outs["q"], ref[2], TOL)
+    probs = host64(outs["probs"])
+    assert_close("probs s", probs[:S], ref[1][:S], TOL)
+    assert_close("probs target", probs[2 * S :], ref[1][2 * S :], TOL)
+    assert np.isnan(probs[S : 2 * S]).all()  # the middle segment wants E[Q] only
+    zq = host64(zwide)
+    assert_close("zq", zq[:, 5 : 5 + offsets[1]], 0.25 * ref[2][:, : offsets[1]], TOL)
+    assert np.isnan(zq[:, :5]).all() and np.isnan(zq[:, 5 + offsets[1] :]).all()
+    with pytest.raises(ValueError, match="do not split"):
+        K.dueling_softmax_forward(dv[:-1], dadv[:-1], dz, offsets, segments=wants)
 
 
 def _fp32():
@@ -267,3 +280,41 @@ def test_matmul_epilogues_under_tf32(cp, rng):
         assert_close("dW tf32", gw, a.T @ dy, 5e-3)
     finally:
         cublas.set_tf32(False)
+
+
+@pytest.mark.parametrize("lt", [True, False], ids=["cublaslt", "gemmex"])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "relu+bias"])
+def test_stacked_matmul_over_parameter_trees(cp, rng, lt, epilogue):
+    """``stack=(3, stride)``: the rows of ``a`` in three parts, part i multiplied by the weights
+    (and bias) ``i * stride`` elements after tree 0's, as the update's three forwards run; the
+    output a column block of a wider buffer."""
+    cublas = _fp32()
+    from foxhunt_core.gpu import cublaslt
+    from foxhunt_core.gpu.flat import FlatTree
+
+    cublaslt.set_enabled(lt)
+    try:
+        M, Kd, N = 97, 40, 36
+        trees = FlatTree.stacked(3, {"core": {"w": (Kd, N), "b": (N,)}}, xp=cp)
+        ws = [rng.normal(size=(Kd, N)) for _ in range(3)]
+        bs = [rng.normal(size=N) for _ in range(3)]
+        for t, w, b in zip(trees, ws, bs):
+            t.load({"core": {"w": w, "b": b}})
+        a = rng.normal(size=(3 * M, Kd))
+        out = nan_like(cp, (3 * M, N + 8))
+        bias = trees[0].tree["core"]["b"] if epilogue != "none" else None
+        cublas.matmul(to_dev(cp, a), trees[0].tree["core"]["w"], out=out[:, 4 : 4 + N], bias=bias,
+                      relu=epilogue == "relu+bias", stack=(3, trees[0].size))
+        a32 = host64(a.astype(np.float32))
+        for i in range(3):
+            ref = a32[i * M:(i + 1) * M] @ host64(ws[i].astype(np.float32))
+            if epilogue != "none":
+                ref = ref + host64(bs[i].astype(np.float32))
+            if epilogue == "relu+bias":
+                ref = np.maximum(ref, 0.0)
+            assert_close(f"part {i}", out[i * M:(i + 1) * M, 4 : 4 + N], ref, 1e-6)
+        assert np.isnan(host64(out)[:, :4]).all() and np.isnan(host64(out)[:, 4 + N :]).all()
+        with pytest.raises(ValueError, match="rows of a divisible by 3"):
+            cublas.matmul(to_dev(cp, a[:-1]), trees[0].tree["core"]["w"], stack=(3, trees[0].size))
+    finally:
+        cublaslt.set_enabled(True)

@@ -73,6 +73,9 @@ def test_gpu_update_matches_cpu_update(with_stages):
     gpu = Agent(_settings(), _plugins(with_stages), cp, np.random.default_rng(seed))
     for o, s in cpu.online.items():
         for k, v in s.items():
+            # A target network other than the online one: its forward (run in the same
+            # strided-batched GEMMs as the online forwards on the GPU) must use its own weights.
+            cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
             gpu.online[o][k][...] = cp.asarray(v)
             gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
     batch = _batch(rng, 256)

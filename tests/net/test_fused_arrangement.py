@@ -3,12 +3,13 @@
 ``fused.py`` runs on CuPy with the core's kernels and cuBLAS. Here the same code runs with NumPy
 standing in for CuPy and the kernels' NumPy twins (``foxhunt_core.gpu.reference``) standing in
 for the kernel wrappers, in float64. That checks the arrangement itself on every CI run — the
-GLU's gate and value weights joined into one block (one GEMM), a branch's extra input columns
-folded into the GLU instead of concatenated, the zero-padded head and input blocks, the
-advantage GEMMs writing into one buffer, the biases added by the dueling kernel, the dueling
-backward in two passes, gradients written into flat slots (with and without the padded and
-joined storage) — against the reference network. The kernels themselves are checked against the same twins on the GPU
-(``tests/gpu``).
+biases in the last rows of the weight blocks met by the inputs' ones columns, the direction Q in
+the augmented z, the GLU's gate and value weights joined into one block (one GEMM), a branch's
+extra input columns in its own augmented input, the zero-padded head blocks, the advantage
+GEMMs writing into one buffer, several forwards run as one (stacked parameter trees as
+strided-batched GEMMs), the dueling backward in two passes, gradients written into flat slots
+(with and without the padded and joined storage) — against the reference network. The kernels
+themselves are checked against the same twins on the GPU (``tests/gpu``).
 """
 
 from __future__ import annotations
@@ -67,15 +68,19 @@ def _kernels() -> types.SimpleNamespace:
     """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
     branch subsets and skipped outputs as the kernels do."""
 
-    def vsn_forward(h2, mpre, *, bias=None, m=None, z=None, keep=True):
-        rm, rz = R.vsn_forward(h2, mpre, bias)
-        return (_put(m, rm) if keep else None), _put(z, rz)
+    def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None):
+        rm, rz = R.vsn_forward(h2, mpre, width)
+        keep = h2.shape[0] if keep_rows is None else keep_rows
+        return (_put(m, rm[:keep]) if keep else None), _put(z, rz)
 
-    def glu_forward(pv, *, bias=None, x_extra=None, w_extra=None, h=None):
-        return _put(h, R.glu_forward(pv, bias, x_extra, w_extra)[1])
+    def glu_forward(pv, *, width=None, h=None):
+        return _put(h, R.glu_forward(pv, width)[1])
 
-    def glu_backward(dh, pv, *, bias=None, x_extra=None, w_extra=None, dpv=None):
-        return _put(dpv, R.glu_backward(dh, pv, bias, x_extra, w_extra))
+    def glu_backward(dh, pv, *, dpv=None):
+        return _put(dpv, R.glu_backward(dh, pv))
+
+    def pack_rows(sources, width, *, out=None):
+        return _put(out, R.pack_rows(sources, width))
 
     def relu_backward(dy, y, *, addend=None, out=None):
         return _put(out, R.relu_backward(dy, y, addend))
@@ -85,17 +90,23 @@ def _kernels() -> types.SimpleNamespace:
         return _put(dh2, a), _put(dmpre, b)
 
     def dueling_softmax_forward(v, adv, z, offsets, *, branches=None, v_bias=None, adv_bias=None,
-                                want=("log_probs", "probs", "q", "var"), log_probs=None, probs=None,
-                                q=None, var=None):
+                                want=("log_probs", "probs", "q", "var"), segments=None, log_probs=None,
+                                probs=None, q=None, var=None, zq=None, zq_scale=1.0):
         N = z.shape[0]
         if adv.ndim == 2:  # the padded layout: the padding is not read
             adv, v = R.adv_from_columns(adv, offsets, N), v[:, :N]
         ref = R.dueling_softmax_forward(v, adv, z, offsets, v_bias, adv_bias)
         d0, d1 = branches or (0, len(offsets) - 1)
         a0, a1 = offsets[d0], offsets[d1]
-        for name, out, r in zip(("log_probs", "probs", "q", "var"), (log_probs, probs, q, var), ref):
-            if name in want or name == "q":
-                out[:, a0:a1] = r[:, a0:a1]
+        segs = [want] if segments is None else segments
+        rows = v.shape[0] // len(segs)
+        for i, w in enumerate(segs):  # each segment writes only what it wants
+            r = slice(i * rows, (i + 1) * rows)
+            for name, out, full in zip(("log_probs", "probs", "q", "var"), (log_probs, probs, q, var), ref):
+                if name in w or name == "q":
+                    out[r, a0:a1] = full[r, a0:a1]
+        if zq is not None and d0 == 0:
+            zq[...] = ref[2][:, : offsets[1]] * zq_scale
         return log_probs, probs, q, var
 
     def dueling_backward(dlogits, z, offsets, *, branches=None, accumulate_dv=False, dq=None, probs=None,
@@ -117,13 +128,27 @@ def _kernels() -> types.SimpleNamespace:
         return dv, dadv
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
-        vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward,
+        vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward)})
 
 
 def _blas() -> types.SimpleNamespace:
-    def matmul(a, b, out=None, beta=0.0, bias=None, relu=False):
-        r = a @ b if out is None or beta == 0.0 else a @ b + beta * out  # cuBLAS ignores C when beta = 0
+    def matmul(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None):
+        if stack is not None and stack[1]:  # part i of a's rows times the tree i * stride after b
+            count, stride = stack
+            part = a.shape[0] // count
+
+            def nth(x, i):  # the same view, i * stride elements further into its buffer
+                return np.ndarray(x.shape, x.dtype, buffer=_base(x), offset=_offset(x) + i * stride * x.itemsize,
+                                  strides=x.strides)
+
+            r = np.concatenate([a[i * part:(i + 1) * part] @ nth(b, i)
+                                + (0.0 if bias is None else nth(bias, i)) for i in range(count)])
+            bias = None
+        else:
+            r = a @ b
+        if out is not None and beta != 0.0:  # cuBLAS ignores C when beta = 0
+            r = r + beta * out
         if bias is not None:
             r = r + bias
         if relu:
@@ -134,6 +159,16 @@ def _blas() -> types.SimpleNamespace:
         return np.ones((1, rows))
 
     return types.SimpleNamespace(matmul=matmul, ones_row=ones_row)
+
+
+def _base(x):
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x
+
+
+def _offset(x):
+    return x.__array_interface__["data"][0] - _base(x).__array_interface__["data"][0]
 
 
 @pytest.fixture
@@ -164,21 +199,30 @@ def _flat_params(net: BranchingC51, rng, padded: bool = True) -> dict:
 def test_storage_spec_pads_and_joins_the_weights(numpy_fused):
     from foxhunt_core.gpu.flat import Shared
 
-    net = _net(True)  # 11 atoms, branches of 3: 11 -> 12 and 33 -> 36 columns; inputs 16 + 3 + 2 = 21 -> 24 rows
+    # 11 atoms, branches of 3: 11 -> 12 and 33 -> 36 columns. The augmented z is 16 features,
+    # 3 direction Q, the ones column -> 20 wide; a GLU's augmented output 12 + 1 -> 16.
+    net = _net(True)
     spec = fused.storage_shapes(net)
-    assert spec["value.w"] == (16, 12)
-    assert spec["trunk.w1"] == (52, 24)  # the 50 observation features
-    assert all(spec[f"branch{d}.w_out"] == (12, 36) for d in range(4))
-    # Each GLU's gate and value weights side by side (adv_h 12 -> 24 columns), rows padded to 4.
-    assert spec["branch0.w_gate"] == (16, 24) and spec["branch0.w_val"] == Shared("branch0.w_gate", 12)
-    assert spec["branch1.w_gate"] == (24, 24)  # 16 + 3 (direction Q) + 2 (the wide columns) -> 24
-    assert spec["branch3.w_gate"] == (20, 24)  # 16 + 2 -> 20
-    assert spec["branch2.b_gate"] == (24,) and spec["branch2.b_val"] == Shared("branch2.b_gate", 12)
-    # A flat buffer with this spec hands the joint blocks themselves to the GLU (no copies).
+    assert fused.z_width(net) == 20 and fused.h_width(net) == 16 and fused.x_width(net) == 52
+    assert spec["value.w"] == (20, 12) and spec["value.b"] == Shared("value.w", 0, 19)
+    assert spec["trunk.w1"] == (52, 24) and spec["trunk.b1"] == Shared("trunk.w1", 0, 51)  # 50 features + 1
+    assert all(spec[f"branch{d}.w_out"] == (16, 36) for d in range(4))
+    assert spec["branch2.b_out"] == Shared("branch2.w_out", 0, 15)
+    # Each GLU's gate and value weights side by side (adv_h 12 -> 24 columns), biases in the last row.
+    assert spec["branch0.w_gate"] == (20, 24) and spec["branch0.w_val"] == Shared("branch0.w_gate", 12)
+    assert spec["branch1.w_gate"] == (24, 24)  # 16 + 3 (direction Q) + 2 (the wide columns) + 1 -> 24
+    assert spec["branch3.w_gate"] == (20, 24)  # 16 + 2 + 1 -> 20
+    assert spec["branch2.b_val"] == Shared("branch2.w_gate", 12, 19)
+    # A flat buffer with this spec hands the joint blocks themselves to the GEMMs (no copies).
     flat = FlatTree.from_tree(net.init_params(np.random.default_rng(0), dtype=np.float64), storage={"core": spec})
-    w, b = fused._glu_joint(flat.tree["core"], 1, 24)
-    assert w is flat.storage["core"]["branch1.w_gate"] and b is flat.storage["core"]["branch1.b_val"]
-    assert np.array_equal(w[:21, 12:], flat.tree["core"]["branch1.w_val"]) and not w[21:].any()
+    core = flat.tree["core"]
+    w = fused._block(core, net, "branch1.w_gate")
+    assert w is flat.storage["core"]["branch1.w_gate"] and w is flat.storage["core"]["branch1.b_val"]
+    assert np.array_equal(w[:21, 12:], core["branch1.w_val"]) and np.array_equal(w[23, 12:], core["branch1.b_val"])
+    assert not w[21:23].any()
+    # Plain parameters: the same block, assembled.
+    plain = {k: np.array(v) for k, v in core.items()}
+    np.testing.assert_array_equal(fused._block(plain, net, "branch1.w_gate"), w)
 
 
 def _assert_padding_zero(flat):
@@ -188,8 +232,12 @@ def _assert_padding_zero(flat):
         key = (blk.__array_interface__["data"][0], blk.shape)  # the block, shared or not
         covered = blocks.setdefault(key, (blk, np.zeros(blk.shape, bool)))[1]
         slot = flat.slots["core"][name]
-        region = (slice(slot.col, slot.col + slot.shape[0]),) if blk.ndim == 1 else (
-            slice(0, slot.shape[0]), slice(slot.col, slot.col + slot.shape[1]))
+        if slot.row is not None:
+            region = (slot.row, slice(slot.col, slot.col + slot.shape[0]))
+        elif blk.ndim == 1:
+            region = (slice(slot.col, slot.col + slot.shape[0]),)
+        else:
+            region = (slice(0, slot.shape[0]), slice(slot.col, slot.col + slot.shape[1]))
         covered[region] = True
     for blk, covered in blocks.values():
         assert not blk[~covered].any(), "padding written"
@@ -263,3 +311,53 @@ def test_forward_carries_the_next_observations_along(numpy_fused):
     staged = _net(True)
     out = numpy_fused.forward(staged, _flat_params(staged, rng).tree, obs, keep_cache=True, next_obs=nxt)
     assert out.q_next is None and not numpy_fused.pairs(staged) and numpy_fused.pairs(net)
+
+
+def test_stacked_trees_run_as_one_forward(numpy_fused, monkeypatch):
+    """The update's three forwards — online on s (kept for backward), online on s' (E[Q] only),
+    target on s' (probabilities only) — over parameter trees stacked in one allocation run as
+    strided-batched GEMMs, and each gives what its own forward gives."""
+    rng = np.random.default_rng(5)
+    net = _net(False)
+    tree = _flat_params(net, rng).tree
+    other = _flat_params(net, rng).tree  # the target network: other values
+    spec = {"core": fused.storage_shapes(net)}
+    online, copy, target = FlatTree.stacked(3, {o: {k: v.shape for k, v in s.items()} for o, s in tree.items()},
+                                            dtype=np.float64, storage=spec)
+    online.load(tree)
+    copy.load(tree)
+    target.load(other)
+    stacks = []
+    real = fused.cublas.matmul
+
+    def counting(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None):
+        stacks.append(stack)
+        return real(a, b, out=out, beta=beta, bias=bias, relu=relu, stack=stack)
+
+    monkeypatch.setattr(fused.cublas, "matmul", counting)
+    obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
+    got, got_next, got_target = numpy_fused.forward_segments(
+        net, [(online.tree, obs, ("log_probs",)), (copy.tree, nxt, ("q",)), (target.tree, nxt, ("probs",))],
+        keep_cache=True)
+    assert (3, online.size) in stacks and all(s in (None, (3, online.size)) for s in stacks)
+    ref = net.forward(online.tree, obs, keep_cache=True)
+    np.testing.assert_allclose(got.log_probs, ref.log_probs, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got.probs, ref.probs, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(got_next.q, (net.forward(tree, nxt).probs * net.support64).sum(-1), rtol=1e-10)
+    np.testing.assert_allclose(got_target.probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
+    assert got_next.probs is None and got_next.log_probs is None and got_target.log_probs is None
+    assert got_target.q.shape == (6, 12) and got.cache["z"].shape[0] == 6
+    dlogits = rng.normal(size=ref.log_probs.shape)
+    g_ref = net.backward(online.tree, ref, dlogits)
+    slots = online.zeros_like()
+    g_got = numpy_fused.backward(net, online.tree, got, dlogits, grads_into=slots.tree)
+    for k, v in g_ref["core"].items():
+        np.testing.assert_allclose(g_got["core"][k], v, rtol=1e-9, atol=1e-12, err_msg=k)
+    _assert_padding_zero(slots)
+    # Trees that are not stacked (or unequal row counts) fall back to one forward per tree.
+    stacks.clear()
+    outs = numpy_fused.forward_segments(
+        net, [(tree, obs, ("q",)), (tree, nxt[:4], ("q",)), (other, nxt, ("probs",))], keep_cache=False)
+    assert all(s is None for s in stacks) and [o.q.shape[0] for o in outs] == [6, 4, 6]
+    np.testing.assert_allclose(outs[2].probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(outs[1].q, (net.forward(tree, nxt[:4]).probs * net.support64).sum(-1), rtol=1e-10)
