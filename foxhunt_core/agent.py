@@ -162,8 +162,10 @@ class Agent:
         network's E[Q] at ``s'`` and the target network's probabilities there (every action):
         ``(tgt_probs, absolute index of each branch's bootstrap action [B, D], discounts)``;
         the loss kernel reads the rows."""
+        from .gpu import kernels as K
+
         sel = self._qpipe(self.online, online_next)
-        a_star = branch_argmax(sel.q_coord, self.offsets) + self.branch_base
+        a_star = K.branch_argmax(self.xp.ascontiguousarray(sel.q_coord), self.offsets, absolute=True)
         return tgt_probs, a_star, self._discount(batch)
 
     def targets(self, batch: dict[str, Array]) -> Array:
@@ -199,9 +201,9 @@ class Agent:
             # the online parameters' twin, refreshed here, sits between the online and the target
             # parameters at the same stride (see __init__).
             nxt = batch["next_obs"]
-            online_next = self.online
-            if self._online_twin is not None and F.pairs(self.net):
-                self._online_twin.buffer[...] = self._flats[0].buffer
+            online_next = self.online  # (large batches: the online forwards run as one, the target's apart)
+            if self._online_twin is not None and F.stacks(self.net, B):
+                K.copy(self._online_twin.buffer, self._flats[0].buffer)
                 online_next = self._online_twin.tree
             out, on_next, tgt = self.net.forward_many(
                 [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, ("q",)), (self.target, nxt, ("probs",))],
@@ -210,9 +212,12 @@ class Agent:
             # chosen rows and the scatter of the gradient happen inside the loss kernel.
             tgt_probs, a_star, disc = self._bootstrap_fused(batch, on_next, tgt.probs)
             coeff = entropy_coeff if hasattr(entropy_coeff, "shape") else float(entropy_coeff)
-            m, dlogits, loss, ent = K.c51_target_loss(
+            stats = xp.empty((3, B, D), dtype=xp.float32)  # loss, entropy, squared auxiliary error
+            y = xp.empty((B, D), dtype=xp.float32)  # E[m_d], the auxiliary loss's target
+            _, dlogits, loss, ent = K.c51_target_loss(
                 tgt_probs, batch["reward"], disc, out.log_probs, self.z, coeff,
-                next_action=a_star, action=idx, offsets=self.offsets, dlogits_full=True)
+                next_action=a_star, action=idx, offsets=self.offsets, dlogits_full=True,
+                loss=stats[0], entropy=stats[1], write_m=False, m_mean=y)
             grads = self.net.backward(self.online, out, dlogits, grads_into=self.opt.grad_slots())
         else:
             out = self.net.forward(self.online, obs, keep_cache=True)
@@ -225,20 +230,20 @@ class Agent:
 
         q = self._qpipe(self.online, out, keep_cache=True)
         if fused:
-            from .gpu import cublas
-
-            # E[m_d] [B, D] as one GEMV (rather than a multiply and a reduction kernel).
-            y = cublas.matmul(m.reshape(B * D, -1), self.z.reshape(-1, 1)).reshape(B, D)
-            err = K.gather_actions(xp.ascontiguousarray(q.q_coord), idx, self.offsets) - y
-            aux = t.aux_weight * (err * err).mean()
-            dq = K.scatter_actions(xp.ascontiguousarray(2.0 * t.aux_weight / (B * D) * err), idx, self.offsets)
+            # Squared error into the third row of stats, its gradient at the taken actions: one launch.
+            _, dq = K.aux_error(xp.ascontiguousarray(q.q_coord), idx, y, 2.0 * t.aux_weight / (B * D), self.offsets,
+                                err2=stats[2])
+            means = stats.reshape(3, -1).mean(axis=1)  # the three means in one reduction
+            loss, ent, aux = means[0], means[1], t.aux_weight * means[2]
         else:
             y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
             err = xp.take_along_axis(q.q_coord, idx, axis=1) - y
             aux = t.aux_weight * (err * err).mean()
             dq = xp.zeros_like(q.q_coord)
             xp.put_along_axis(dq, idx, 2.0 * t.aux_weight * err / (B * D), axis=1)
-        grads = merge_grads(grads, self.qpipe.backward(self.online, q, dq))
+        # The attention's gradients go straight into the optimizer's flat buffer too (fused path).
+        grads = merge_grads(grads, self.qpipe.backward(self.online, q, dq,
+                                                       grads_into=self.opt.grad_slots() if fused else None))
         scalars = {"loss": loss.mean(), "aux_loss": aux, "entropy": ent.mean()}
         return grads, scalars, out, q
 
@@ -264,7 +269,9 @@ class Agent:
 
     def sync_target(self) -> None:
         if self._flats is not None:  # one copy of the whole buffer
-            self._flats[1].buffer[...] = self._flats[0].buffer
+            from .gpu import kernels as K
+
+            K.copy(self._flats[1].buffer, self._flats[0].buffer)
             return
         for o, sub in self.online.items():
             for k, v in sub.items():

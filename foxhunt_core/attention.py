@@ -69,16 +69,21 @@ def forward(params: dict[str, Array], q: Array, use_kernels: bool = True) -> tup
 
 
 def backward(
-    params: dict[str, Array], cache: dict[str, Array], dqc: Array
+    params: dict[str, Array], cache: dict[str, Array], dqc: Array, grads_into: dict[str, Array] | None = None
 ) -> tuple[Array, dict[str, Array]]:
-    """``(dq, grads)`` from ``dloss/dqc`` [B, A]."""
+    """``(dq, grads)`` from ``dloss/dqc`` [B, A]; on the GPU path the gradients are written into
+    ``grads_into`` (views, e.g. of the optimizer's flat gradient buffer) where it has them."""
     if cache.get("fused"):
         from .gpu import kernels as K
 
         p = params
         dqc = dqc if dqc.flags.c_contiguous else dqc.copy()
+        slots = grads_into or {}
+        outs = {k: slots.get(n) for k, n in (("demb", "attn.emb"), ("dwq", "attn.wq"), ("dwk", "attn.wk"),
+                                             ("dgate", "attn.gate"))}
         # dq is not formed on this path: the training step stops the gradient at the raw Q.
-        return K.attention_backward(cache["q"], dqc, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"])
+        return K.attention_backward(cache["q"], dqc, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"],
+                                    **outs)
     q, t, qry, key, a, o = (cache[n] for n in ("q", "t", "qry", "key", "a", "o"))
     k = params["attn.emb"].shape[1]
     g = params["attn.gate"]

@@ -75,8 +75,10 @@ class QPipeline:
             caches.append(c)
         return QOut(q_raw, q_var, q, caches if keep_cache else [])
 
-    def backward(self, params: dict[str, dict], out: QOut, dq_coord: Array) -> dict[str, dict]:
-        """Gradients of attention (under ``core``) and of every post-attention stage."""
+    def backward(self, params: dict[str, dict], out: QOut, dq_coord: Array,
+                 grads_into: dict[str, dict] | None = None) -> dict[str, dict]:
+        """Gradients of attention (under ``core``) and of every post-attention stage;
+        ``grads_into`` (views of a flat gradient buffer, GPU path) receives the attention's."""
         if not out.caches:
             raise ValueError("backward needs a forward pass run with keep_cache=True")
         xp = _xp(dq_coord)
@@ -86,7 +88,8 @@ class QPipeline:
             dq, g = st.backward(xp, params.get(st.name, {}), c, dq)
             if st.name in params:
                 grads[st.name] = g
-        _, grads["core"] = attention.backward(params["core"], out.caches[0], dq)
+        _, grads["core"] = attention.backward(params["core"], out.caches[0], dq,
+                                              grads_into=(grads_into or {}).get("core"))
         return grads
 
     def selection_values(self, probs: Array, z: Array, out: QOut, iqn_readiness: Any) -> Array:

@@ -140,7 +140,7 @@ def _out_operand(out: Any, M: int, N: int, dtype: Any, who: str) -> int:
 
 
 def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = None, relu: bool = False,
-           stack: tuple[int, int] | None = None) -> Any:
+           stack: tuple[int, int] | None = None, batch: tuple[int, int, int, int] | None = None) -> Any:
     """``a @ b`` for 2-D/2-D, 3-D/2-D and 3-D/3-D (batched) float32/float64 CuPy arrays.
 
     For 2-D operands ``out`` may be given: a row-major view (any row stride, e.g. a column block
@@ -154,6 +154,11 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     ``b`` (its bias as far after ``bias``) — one strided-batched GEMM. The caller vouches that
     that memory holds the same layout as ``b``; ``stride = 0`` is the plain product.
 
+    ``batch = (count, stride_a, stride_b, stride_out)`` (2-D operands, no epilogue): ``a``, ``b``
+    and ``out`` are the first of ``count`` products whose operands lie those many elements apart
+    (e.g. the column blocks of several branches side by side) — one strided-batched GEMM. The
+    caller vouches for that memory.
+
     float32 products go through cuBLASLt (:mod:`.cublaslt`), which fuses the bias and the ReLU
     into the GEMM where it can; otherwise, and for float64, ``cublasGemmEx`` and separate passes.
     """
@@ -165,6 +170,9 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     count, wstride = (1, 0) if stack is None or stack[1] == 0 else (int(stack[0]), int(stack[1]))
     if count > 1 and (a.ndim != 2 or b.ndim != 2 or a.shape[0] % count):
         raise ValueError(f"cublas matmul: stack {stack} needs 2-D operands and rows of a divisible by {count}")
+    strided = batch if batch is not None and batch[0] > 1 else None
+    if strided is not None and (count > 1 or extras or out is None or a.ndim != 2 or b.ndim != 2):
+        raise ValueError("cublas matmul: batch needs 2-D operands, out, and no stack, bias or relu")
     if a.ndim == 3 and b.ndim == 2:
         if out is not None or extras:
             raise ValueError("cublas matmul: out, bias and relu need 2-D operands")
@@ -199,6 +207,12 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     a, op_a, lda = _operand(a)
     b, op_b, ldb = _operand(b)
     Mp = M // count  # rows per part of a stacked product
+    if strided is not None:  # (count, stride of our b, of our a, of out, of the bias) in cuBLASLt's order
+        nb, sa, sb, sc = (int(x) for x in strided)
+        lt_batch = (nb, sb, sa, sc, 0)
+    else:
+        nb, sa, sb, sc = count, Mp * (lda if op_a == OP_N else 1), wstride, Mp * ldc
+        lt_batch = (nb, sb, sa, sc, wstride)
     if a.ndim == 2 and a.dtype == cupy.float32 and cublaslt.enabled():
         stream = cupy.cuda.get_current_stream().ptr
         epi, vec = cublaslt.EPI_DEFAULT, 0
@@ -206,8 +220,6 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
             epi, vec = (cublaslt.EPI_RELU_BIAS if relu else cublaslt.EPI_BIAS), bias.data.ptr
         elif relu:
             epi = cublaslt.EPI_RELU
-        strides_a = Mp * (lda if op_a == OP_N else 1)
-        lt_batch = (count, wstride, strides_a, Mp * ldc, wstride)
         args = (compute, op_b, op_a, N, Mp, K, b.data.ptr, ldb, a.data.ptr, lda, out.data.ptr, ldc, beta, stream)
         if cublaslt.matmul(*args, epilogue=epi, bias_ptr=vec, batch=lt_batch):
             return out
@@ -217,7 +229,7 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
     h = _handle()
     alpha, cbeta = scalar(1.0), scalar(beta)
     lib = _load()
-    if a.ndim == 2 and count == 1:
+    if a.ndim == 2 and nb == 1:
         st = lib.cublasGemmEx(
             h.ptr, op_b, op_a, N, M, K, ctypes.byref(alpha), ctypes.c_void_p(b.data.ptr), dtype_id, ldb,
             ctypes.c_void_p(a.data.ptr), dtype_id, lda, ctypes.byref(cbeta), ctypes.c_void_p(out.data.ptr),
@@ -225,13 +237,11 @@ def matmul(a: Any, b: Any, out: Any = None, beta: float = 0.0, *, bias: Any = No
         _check(st, "cublasGemmEx")
         if extras:
             _epilogue_passes(out, bias, relu)
-    elif a.ndim == 2:  # a stacked product
-        if op_a != OP_N:
-            raise ValueError("cublas matmul: a stacked product needs a row-major a")
+    elif a.ndim == 2:  # a stacked or batched product
         st = lib.cublasGemmStridedBatchedEx(
             h.ptr, op_b, op_a, N, Mp, K, ctypes.byref(alpha), ctypes.c_void_p(b.data.ptr), dtype_id, ldb,
-            wstride, ctypes.c_void_p(a.data.ptr), dtype_id, lda, Mp * lda,
-            ctypes.byref(cbeta), ctypes.c_void_p(out.data.ptr), dtype_id, ldc, Mp * ldc, count, compute,
+            sb, ctypes.c_void_p(a.data.ptr), dtype_id, lda, sa,
+            ctypes.byref(cbeta), ctypes.c_void_p(out.data.ptr), dtype_id, ldc, sc, nb, compute,
             GEMM_DEFAULT)
         _check(st, "cublasGemmStridedBatchedEx")
         if extras:

@@ -9,11 +9,14 @@ allocated (convenient outside graph capture). Scalars are passed by value as flo
 Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
 
 - ``dueling_softmax_forward``: ``network.py`` dueling ``V + A - mean A`` (biases added on read),
-  ``layers.log_softmax``, ``qpipe.expected_q``; outputs nobody reads can be skipped; a warp per
-  (sample, branch).
+  ``layers.log_softmax``, ``qpipe.expected_q``; outputs nobody reads can be skipped, per segment
+  of rows; a warp per (sample, branch).
 - ``dueling_backward``: ``network.py`` ``dadv = dl - mean dl``, ``dv = sum_a dl``, with the
   direction-conditioning term of ``expected_q_backward`` optionally fused, over a range of
   branches; a warp per sample.
+- ``branch_argmax``: ``qpipe.branch_argmax`` (the first of ties); a thread per (sample, branch).
+- ``aux_error``: the auxiliary loss's ``take_along_axis`` / ``put_along_axis`` lines of
+  ``agent.py`` (squared error and gradient at the taken actions); a thread per (sample, action).
 - ``gather_actions`` / ``scatter_actions``: ``take_along_axis`` / ``put_along_axis`` on zeros at
   the chosen action of each branch; a thread per element.
 - ``expected_q_backward``: ``network.py`` ``dq * p * (z - q)``; a thread per element.
@@ -22,9 +25,10 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   over all actions; a warp per (sample, branch).
 - ``glu_forward/backward`` (the gate and value GEMM outputs side by side, the backward
   recomputing both), ``bias_relu_forward``, ``relu_backward``, ``vsn_forward/backward``:
-  the GLU (with a branch's extra input columns), trunk and VSN lines of ``network.py`` with
-  ``layers.sigmoid/relu``; a thread per element (four per thread, ``float4``, for the GLU
-  forward where the rows allow).
+  the GLU (several branches side by side), trunk and VSN lines of ``network.py`` with
+  ``layers.sigmoid/relu``, outputs augmented with a ones column where asked; ``pack_rows`` (the
+  network's augmented input) and ``copy`` (flat buffers); a thread per element (four per thread,
+  ``float4``, where the rows allow).
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
@@ -79,9 +83,12 @@ __all__ = [
     "attention_backward",
     "attention_forward",
     "attention_workspace",
+    "aux_error",
     "bias_relu_forward",
     "boltzmann_select",
+    "branch_argmax",
     "c51_target_loss",
+    "copy",
     "dueling_backward",
     "dueling_softmax_forward",
     "expected_q_backward",
@@ -133,7 +140,7 @@ def dueling_softmax_forward(
         v: [B, N] value head; adv: [B, A, N] advantages; z: [N] support. Or the padded layout
             of the GPU network: ``adv`` [B, W] with each branch's block padded to a multiple of
             4 floats (:func:`.launch.head_columns`) and ``v`` [B, N rounded up to 4]; the
-            padding is not read.
+            padding is not read. ``v`` may be a column block of a wider array (any row pitch).
         offsets: branch boundaries in the action axis.
         branches: ``(first, end)`` to compute only those branches (the rest of the outputs is
             left untouched), e.g. ``(0, 1)`` for the direction branch the magnitude branch reads.
@@ -179,7 +186,7 @@ def dueling_softmax_forward(
     def rows_of(name: str) -> int:  # rows up to the last segment that wants the output
         return max((i + 1 for i, w in enumerate(segs) if name in w), default=0) * seg_rows
 
-    check_array(k, "v", v, F32, (B, pad_to(N, align)))
+    v_pitch = _rows_view(k, "v", v, (B, pad_to(N, align)))
     if v_bias is not None:
         check_array(k, "v_bias", v_bias, F32, (N,))
     if adv_bias is not None:
@@ -191,7 +198,8 @@ def dueling_softmax_forward(
     zq_pitch = _rows_view(k, "zq", zq, (B, offs[1])) if zq is not None else 0
     fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
     grid = blocks_for(B * (d1 - d0), WARPS)
-    fn((grid,), (THREADS,), (v, adv, v_bias, adv_bias, z, log_probs, probs, q, var, zq, i32(zq_pitch), f32(zq_scale),
+    fn((grid,), (THREADS,), (v, i32(v_pitch), adv, v_bias, adv_bias, z, log_probs, probs, q, var, zq, i32(zq_pitch),
+                             f32(zq_scale),
                              i32(B), i32(d0), i32(d1), i32(seg_rows), i32(seg_wants)))
     return log_probs, probs, q, var
 
@@ -204,6 +212,7 @@ def dueling_backward(
     branches: tuple[int, int] | None = None,
     accumulate_dv: bool = False,
     dq: Array | None = None,
+    dq_scale: float = 1.0,
     probs: Array | None = None,
     q: Array | None = None,
     dv: Array | None = None,
@@ -212,11 +221,14 @@ def dueling_backward(
 ) -> tuple[Array, Array]:
     """Backward of the dueling aggregation: ``(dv [B, N], dadv [B, A, N])``, or with
     ``padded`` in the padded layout of :func:`dueling_softmax_forward` (``dv`` [B, N rounded up
-    to 4], ``dadv`` [B, W]) with zeros written into the padding.
+    to 4], ``dadv`` [B, W]) with zeros written into the padding. A given ``dv`` may be a column
+    block of a wider array (any row pitch).
 
     With ``dq`` [B, A] (and the forward's ``probs``, ``q``) the expected-Q gradient
     ``dq * p * (z - q)`` is added to ``dlogits`` first — the magnitude branch's conditioning on the
-    direction branch's Q (pass zeros outside the direction branch). ``branches=(first, end)``
+    direction branch's Q (pass zeros outside the direction branch). ``dq`` may be any row-major
+    view whose columns cover the actions of ``branches`` (e.g. ``[B, n_0]`` columns of a wider
+    array for ``branches=(0, 1)``); it is read times ``dq_scale``. ``branches=(first, end)``
     reads and writes only those branches; ``accumulate_dv`` adds their share to ``dv``.
     """
     k = "dueling_backward"
@@ -231,18 +243,58 @@ def dueling_backward(
     if dq is not None:
         if probs is None or q is None:
             raise ValueError(f"{k}: dq needs the forward's probs and q")
-        check_array(k, "dq", dq, F32, (B, A))
+        if getattr(dq, "ndim", 0) != 2 or dq.shape[0] != B or dq.shape[1] < offs[d1]:
+            raise ValueError(f"{k}: dq must be [{B}, at least {offs[d1]}], got {list(getattr(dq, 'shape', ()))}")
+        ld_dq = _rows_view(k, "dq", dq, tuple(dq.shape))
         check_array(k, "probs", probs, F32, (B, A, N))
         check_array(k, "q", q, F32, (B, A))
     if accumulate_dv and dv is None:
         raise ValueError(f"{k}: accumulate_dv needs dv")
     align = HEAD_ALIGN if padded else 1
-    dv = output(k, "dv", dv, (B, pad_to(N, align)))
+    if dv is None:
+        dv = output(k, "dv", dv, (B, pad_to(N, align)))
+    v_pitch = _rows_view(k, "dv", dv, (B, pad_to(N, align)))
     dadv = output(k, "dadv", dadv, (B, head_columns(offs, N, align)[-1]) if padded else (B, A, N))
     fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
     fn((blocks_for(B, WARPS),), (THREADS,),
-       (dlogits, dq, probs, q, z, dv, dadv, i32(B), i32(d0), i32(d1), i32(int(accumulate_dv))))
+       (dlogits, dq, i32(ld_dq if dq is not None else 0), f32(dq_scale), probs, q, z, dv, i32(v_pitch), dadv,
+        i32(B), i32(d0), i32(d1), i32(int(accumulate_dv))))
     return dv, dadv
+
+
+def aux_error(values: Array, action: Array, target: Array, scale: float, offsets: Sequence[int], *,
+              err2: Array | None = None, dvalues: Array | None = None) -> tuple[Array, Array]:
+    """The auxiliary loss's squared error and gradient in one launch: with ``e = values[b,
+    action[b, d]] - target[b, d]`` (``action`` [B, D], absolute indices), returns ``(err2 = e^2
+    [B, D], dvalues [B, A])`` where ``dvalues`` is ``scale * e`` at each taken action and zero
+    elsewhere (``take_along_axis`` / ``put_along_axis`` of ``agent.py``)."""
+    k = "aux_error"
+    check_array(k, "values", values, F32, (None, None))
+    B, A = values.shape
+    offs = validate_offsets(k, offsets, A)
+    D = len(offs) - 1
+    check_array(k, "action", action, np.int64, (B, D))
+    check_array(k, "target", target, F32, (B, D))
+    err2 = output(k, "err2", err2, (B, D))
+    dvalues = output(k, "dvalues", dvalues, (B, A))
+    _kernel("dueling.cu", k, branch_defines(offs))((blocks_for(B * A, THREADS),), (THREADS,),
+                                                   (values, action, target, f32(scale), err2, dvalues, i32(B)))
+    return err2, dvalues
+
+
+def branch_argmax(values: Array, offsets: Sequence[int], *, absolute: bool = False,
+                  out: Array | None = None) -> Array:
+    """Greedy action of each branch [B, D] (int64; the first of ties, as ``qpipe.branch_argmax``),
+    as an index within the branch, or with ``absolute`` over all actions (``+ offsets[d]``)."""
+    k = "branch_argmax"
+    check_array(k, "values", values, F32, (None, None))
+    B, A = values.shape
+    offs = validate_offsets(k, offsets, A)
+    D = len(offs) - 1
+    out = output(k, "out", out, (B, D), np.int64)
+    _kernel("dueling.cu", k, branch_defines(offs))((blocks_for(B * D, THREADS),), (THREADS,),
+                                                   (values, out, i32(B), i32(int(absolute))))
+    return out
 
 
 def gather_actions(x: Array, action: Array, offsets: Sequence[int], *, out: Array | None = None) -> Array:
@@ -319,7 +371,9 @@ def c51_target_loss(
     dlogits: Array | None = None,
     loss: Array | None = None,
     entropy: Array | None = None,
-) -> tuple[Array, Array, Array, Array]:
+    write_m: bool = True,
+    m_mean: Array | None = None,
+) -> tuple[Array | None, Array, Array, Array]:
     """C51 target projection (Eq. 7) and the loss ``CE(m, p) - entropy_coeff H(p)`` per (b, d).
 
     Args:
@@ -334,10 +388,12 @@ def c51_target_loss(
         grad_scale: multiplies the gradient; default ``1 / (B D)`` (the mean over samples and branches).
         offsets, dlogits_full: with ``action`` and ``offsets``, ``dlogits_full=True`` writes the
             gradient as [B, A, N] over every action (zeros off the taken ones).
+        write_m: write the projected targets ``m`` (else None is returned for them).
+        m_mean: [B, D], receives ``E[m] = sum_i m_i z_i`` when given (the auxiliary loss's target).
 
     Returns:
-        ``(m [B, D, N], dlogits [B, D, N] or [B, A, N], loss [B, D], entropy [B, D])``; the loss
-        and the entropy are not scaled.
+        ``(m [B, D, N] or None, dlogits [B, D, N] or [B, A, N], loss [B, D], entropy [B, D])``;
+        the loss and the entropy are not scaled.
     """
     k = "c51_target_loss"
     check_array(k, "reward", reward, F32, (None,))
@@ -374,7 +430,9 @@ def c51_target_loss(
             raise ValueError(f"{k}: action has {D} branches, offsets {offs} have {len(offs) - 1}")
         defines = branch_defines(offs, N)
     scale = 1.0 / (B * D) if grad_scale is None else float(grad_scale)
-    m = output(k, "m", m, (B, D, N))
+    m = output(k, "m", m, (B, D, N)) if write_m else None
+    if m_mean is not None:
+        check_array(k, "m_mean", m_mean, F32, (B, D))
     dlogits = output(k, "dlogits", dlogits, (B, A, N) if dlogits_full else (B, D, N))
     loss = output(k, "loss", loss, (B, D))
     entropy = output(k, "entropy", entropy, (B, D))
@@ -390,7 +448,7 @@ def c51_target_loss(
         (blocks_for(B * D, WARPS, ROW_BLOCKS_PER_SM * sm_count()),),  # warps walk several rows
         (THREADS,),
         (p_next, next_action, reward, discount, log_probs_taken, action, z, coeff, f32(scale),
-         m, dlogits, loss, entropy, i32(B), i32(D), i32(A or 0), i32(int(dlogits_full))),
+         m, dlogits, loss, entropy, m_mean, i32(B), i32(D), i32(A or 0), i32(int(dlogits_full))),
     )
     return m, dlogits, loss, entropy
 
@@ -413,8 +471,10 @@ def _rows_view(k: str, name: str, a: Array, shape: tuple[int, int]) -> int:
 
     if not isinstance(a, cupy.ndarray):
         raise TypeError(f"{k}: {name} must be a CuPy array, got {type(a).__name__}")
-    if a.dtype != F32 or a.ndim != 2 or tuple(a.shape) != tuple(shape):
-        raise ValueError(f"{k}: {name} must be a {list(shape)} float32 matrix, got {list(a.shape)} {a.dtype}")
+    if a.dtype != F32:
+        raise TypeError(f"{k}: {name} must be float32, got {a.dtype}")
+    if a.ndim != 2 or tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{k}: {name} must be a {list(shape)} float32 matrix, got {list(a.shape)}")
     ld = a.strides[0] // 4
     if a.strides[1] != 4 or ld < shape[1] or a.strides[0] % 4:
         raise ValueError(f"{k}: {name} must have unit column stride and a row pitch of at least {shape[1]}")
@@ -436,40 +496,66 @@ def _vec4(*arrays: Array | None) -> bool:
     return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
 
 
-def glu_forward(pv: Array, *, width: int | None = None, h: Array | None = None) -> Array:
+def _view_out(k: str, name: str, out: Array | None, shape: tuple[int, int]) -> tuple[Array, int]:
+    """An output view (any row pitch, unit column stride) of ``shape``, or a new array; and its pitch."""
+    if out is None:
+        import cupy
+
+        out = cupy.empty(shape, dtype=F32)
+    return out, _rows_view(k, name, out, shape)
+
+
+def _glu_blocks(k: str, pv: Array, blocks: int) -> tuple[int, int, int]:
+    """``(B, H, ld_pv)`` of the GLU's input: ``blocks`` joint [gate | value] blocks per row."""
+    import cupy
+
+    if not isinstance(pv, cupy.ndarray) or pv.ndim != 2:
+        raise ValueError(f"{k}: pv must be a 2-D CuPy array")
+    B, cols = pv.shape
+    if blocks < 1 or cols % (2 * blocks):
+        raise ValueError(f"{k}: pv has {cols} columns; {blocks} joint blocks [gate | value] need a multiple of "
+                         f"{2 * blocks}")
+    ld = _rows_view(k, "pv", pv, (B, cols))
+    if ld * max(B, 1) >= MAX_ELEMENTWISE:
+        raise ValueError(f"{k}: pv spans {ld * B} elements; the elementwise kernels take fewer than 2^30")
+    return B, cols // (2 * blocks), ld
+
+
+def glu_forward(pv: Array, *, width: int | None = None, blocks: int = 1, h: Array | None = None) -> Array:
     """GLU over the joint layout: ``pv`` [B, 2H] is ``[u W_gate | u W_val]`` (one GEMM with the
     two weights side by side, biases included). Returns ``h = sigmoid(gate pre-activation) * value``
     [B, H], or with ``width`` > H the augmented ``[h, 0, ..., 0, 1]`` [B, width] (the input of a
-    GEMM whose weight block keeps the bias in its last row)."""
+    GEMM whose weight block keeps the bias in its last row). ``blocks`` branches side by side:
+    ``pv`` [B, blocks 2H] gives ``h`` [B, blocks width]. ``pv`` and ``h`` may be views with any
+    row pitch (column blocks of wider arrays)."""
     k = "glu_forward"
-    B, H2 = _matrix(k, "pv", pv)
-    if H2 % 2:
-        raise ValueError(f"{k}: pv has {H2} columns; the joint layout [gate | value] needs an even number")
-    H = H2 // 2
-    h = _augmented(k, "h", h, B, H, width)
-    W = h.shape[1]
-    vec4 = H % 4 == 0 and W % 4 == 0 and _vec4(pv, h)
-    total = B * W
+    B, H, ld_pv = _glu_blocks(k, pv, blocks)
+    W = H if width is None else int(width)
+    if W < H:
+        raise ValueError(f"{k}: width {W} is less than the layer's {H} columns")
+    h, ld_h = _view_out(k, "h", h, (B, blocks * W))
+    vec4 = H % 4 == 0 and W % 4 == 0 and ld_pv % 4 == 0 and ld_h % 4 == 0 and _vec4(pv, h)
+    total = B * blocks * W
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
-        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), (pv, h, i64(total), i32(H), i32(W)))
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
+        (pv, i32(ld_pv), h, i32(ld_h), i64(total), i32(H), i32(W), i32(blocks)))
     return h
 
 
-def glu_backward(dh: Array, pv: Array, *, dpv: Array | None = None) -> Array:
+def glu_backward(dh: Array, pv: Array, *, blocks: int = 1, dpv: Array | None = None) -> Array:
     """Backward of :func:`glu_forward` from its input (the gate and value are recomputed, the
-    forward keeps nothing else): ``dpv`` [B, 2H] = ``[d gate pre-activation | d value]``, with
-    ``dpre = dh * val * gate * (1 - gate)``, ``dval = dh * gate``. ``dpv=pv`` runs in place."""
+    forward keeps nothing else): ``dpv`` [B, blocks 2H] = ``[d gate pre-activation | d value]``
+    per branch, with ``dpre = dh * val * gate * (1 - gate)``, ``dval = dh * gate``, from ``dh``
+    [B, blocks H]. ``dpv=pv`` runs in place; every array may be a view with any row pitch."""
     k = "glu_backward"
-    B, H2 = _matrix(k, "pv", pv)
-    if H2 % 2:
-        raise ValueError(f"{k}: pv has {H2} columns; the joint layout [gate | value] needs an even number")
-    H = H2 // 2
-    check_array(k, "dh", dh, F32, (B, H))
-    dpv = output(k, "dpv", dpv, (B, H2))
-    vec4 = H % 4 == 0 and _vec4(dh, pv, dpv)
-    total = B * H
+    B, H, ld_pv = _glu_blocks(k, pv, blocks)
+    ld_dh = _rows_view(k, "dh", dh, (B, blocks * H))
+    dpv, ld_dpv = _view_out(k, "dpv", dpv, (B, blocks * 2 * H))
+    vec4 = H % 4 == 0 and ld_pv % 4 == 0 and ld_dh % 4 == 0 and ld_dpv % 4 == 0 and _vec4(dh, pv, dpv)
+    total = B * blocks * H
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
-        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,), (dh, pv, dpv, i64(total), i32(H)))
+        (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
+        (dh, i32(ld_dh), pv, i32(ld_pv), dpv, i32(ld_dpv), i64(total), i32(H), i32(blocks)))
     return dpv
 
 
@@ -538,6 +624,20 @@ def vsn_backward(
     _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,),
                                  (dz, h2, m, dh2, dmpre, i64(total), i32(H), i32(ld)))
     return dh2, dmpre
+
+
+def copy(dst: Array, src: Array) -> Array:
+    """``dst[...] = src`` for 1-D float32 buffers of one size (flat parameter buffers): a float4
+    kernel where both are 16-byte aligned and the size is a multiple of 4, else CuPy's copy."""
+    k = "copy"
+    check_array(k, "src", src, F32, (None,))
+    check_array(k, "dst", dst, F32, src.shape)
+    n = src.shape[0]
+    if n % 4 or not _vec4(src, dst) or n >= 4 * MAX_ELEMENTWISE:
+        dst[...] = src
+        return dst
+    _kernel("elementwise.cu", "copy_vec4")((_elementwise_grid(n // 4),), (THREADS,), (src, dst, i64(n // 4)))
+    return dst
 
 
 def pack_rows(sources: Sequence[Array], width: int, *, out: Array | None = None) -> Array:

@@ -28,7 +28,7 @@ DEFAULT_DEFINES: dict[str, str] = {
     "BRANCH_OF_ACTION": "{0,0,0,1,1,1,2,2,2,3,3,3}",
     "ATTN_DIM": "8",
     "ADV_COLUMNS": "{0,153,306,459,612}",
-    "V_PITCH": "51",
+    "V_COLUMNS": "51",
 }
 
 THREADS = 256  # threads per block of the grid-stride kernels
@@ -107,7 +107,7 @@ def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None, head_
         defs["NUM_ATOMS"] = str(int(num_atoms))
     n = int(defs.get("NUM_ATOMS", DEFAULT_DEFINES["NUM_ATOMS"]))  # the layout must fit the branches
     defs["ADV_COLUMNS"] = "{" + ",".join(str(c) for c in head_columns(offsets, n, head_align)) + "}"
-    defs["V_PITCH"] = str(padded(n, head_align))
+    defs["V_COLUMNS"] = str(padded(n, head_align))
     return defs
 
 

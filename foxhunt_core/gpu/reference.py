@@ -130,16 +130,23 @@ def augment(x: Array, width: int | None) -> Array:
     return out
 
 
-def glu_forward(pv: Array, width: int | None = None) -> tuple[Array, Array, Array]:
+def glu_forward(pv: Array, width: int | None = None, blocks: int = 1) -> tuple[Array, Array, Array]:
     """``(gate, h, value)`` of the GLU over the joint layout: ``pv`` [B, 2H] = ``[pre_gate | val]``;
-    ``h`` augmented to ``width`` columns when given."""
+    ``h`` augmented to ``width`` columns when given. ``blocks`` branches side by side: each
+    result [B, blocks, ...] stacked along the columns (``h`` [B, blocks width])."""
+    if blocks > 1:
+        parts = [glu_forward(p, width) for p in np.split(pv, blocks, axis=1)]
+        return tuple(np.concatenate([r[i] for r in parts], axis=1) for i in range(3))
     H = pv.shape[1] // 2
     gate = L.sigmoid(pv[:, :H])
     return gate, augment(gate * pv[:, H:], width), pv[:, H:]
 
 
-def glu_backward(dh: Array, pv: Array) -> Array:
-    """``[d pre_gate | d val]`` [B, 2H] of :func:`glu_forward`."""
+def glu_backward(dh: Array, pv: Array, blocks: int = 1) -> Array:
+    """``[d pre_gate | d val]`` per branch [B, blocks 2H] of :func:`glu_forward`."""
+    if blocks > 1:
+        return np.concatenate([glu_backward(d, p) for d, p in zip(np.split(dh, blocks, axis=1),
+                                                                 np.split(pv, blocks, axis=1))], axis=1)
     gate, _, val = glu_forward(pv)
     return np.concatenate([L.sigmoid_backward(gate, dh * val), dh * gate], axis=1)
 

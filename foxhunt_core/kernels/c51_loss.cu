@@ -48,10 +48,11 @@ extern "C" __global__ void c51_target_loss(
     const float* __restrict__ z,          // [N] support
     const float* __restrict__ entropy_coeff_ptr,  // [1] read on the device (graph replays see updates)
     float grad_scale,
-    float* __restrict__ m,                // [B, D, N]
+    float* __restrict__ m,                // [B, D, N] or null
     float* __restrict__ dlogits,          // [B, D, N], or [B, A, N] when dlogits_full
     float* __restrict__ loss,             // [B, D]
     float* __restrict__ entropy,          // [B, D]
+    float* __restrict__ m_mean,           // [B, D] E[m] = sum_i m_i z_i, or null
     int batch, int num_branches, int num_actions, int dlogits_full)
 {
     __shared__ float s_b[C51_WARPS][NUM_ATOMS];
@@ -107,7 +108,7 @@ extern "C" __global__ void c51_target_loss(
         const bool ascending = s_b[w][NUM_ATOMS - 1] >= s_b[w][0];
 
         float mm[ATOMS_PER_LANE], pp[ATOMS_PER_LANE];
-        float ce = 0.0f, ent = 0.0f;
+        float ce = 0.0f, ent = 0.0f, em = 0.0f;
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int i = lane + 32 * k;
@@ -130,6 +131,7 @@ extern "C" __global__ void c51_target_loss(
                     acc += s_p[w][j] * fmaxf(0.0f, 1.0f - fabsf(bj - fi));
                 }
                 mm[k] = acc;
+                em += acc * z[i];
                 pp[k] = expf(lp[k]);
                 ce -= acc * lp[k];
                 ent -= pp[k] * lp[k];
@@ -137,6 +139,7 @@ extern "C" __global__ void c51_target_loss(
         }
         ce = warp_sum(ce);
         ent = warp_sum(ent);
+        if (m_mean != nullptr) em = warp_sum(em);
         long long dl_base = base;
         if (dlogits_full) {  // zero the branch's other actions; the taken one gets the gradient
             const int d = (int)(row - b * num_branches);
@@ -151,7 +154,7 @@ extern "C" __global__ void c51_target_loss(
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int i = lane + 32 * k;
             if (i < NUM_ATOMS) {
-                m[base + i] = mm[k];
+                if (m != nullptr) m[base + i] = mm[k];
                 dlogits[dl_base + i] =
                     grad_scale * ((pp[k] - mm[k]) + entropy_coeff * pp[k] * (lp[k] + ent));
             }
@@ -159,6 +162,7 @@ extern "C" __global__ void c51_target_loss(
         if (lane == 0) {
             loss[row] = ce - entropy_coeff * ent;
             entropy[row] = ent;
+            if (m_mean != nullptr) m_mean[row] = em;
         }
         __syncwarp();  // the next row overwrites this warp's shared slots
     }

@@ -15,7 +15,9 @@
 //                    start at column c_d of an advantage row; c_D is the row's width. Packed:
 //                    c_d = o_d N. The GPU network pads each block to a multiple of 4 floats, so
 //                    that the advantage GEMMs run on cuBLAS's aligned kernels.
-//   V_PITCH          the value head's row width (N, or N padded to a multiple of 4)
+//   V_COLUMNS        the value head's width (N, or N padded to a multiple of 4); its rows are
+//                    v_pitch floats apart (an argument: the value head may share its GEMM's
+//                    output with other columns)
 // Padding columns of v and adv are never read; the backward writes zeros into those of dv and
 // dadv (they are the GEMMs' inputs, and the weight gradients over the padding must be zero).
 //
@@ -30,8 +32,8 @@
 #ifndef ADV_COLUMNS
 #define ADV_COLUMNS {0, 153, 306, 459, 612}
 #endif
-#ifndef V_PITCH
-#define V_PITCH 51
+#ifndef V_COLUMNS
+#define V_COLUMNS 51
 #endif
 
 __constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
@@ -71,7 +73,8 @@ __device__ __forceinline__ void warp_sum_n(float (&x)[M]) {
 // zq (optional, row pitch zq_pitch): the direction branch's (branch 0's) Q times zq_scale is
 // also written there: the magnitude branch's input columns in the augmented z.
 extern "C" __global__ void dueling_softmax_forward(
-    const float* __restrict__ v,          // [B, V_PITCH]
+    const float* __restrict__ v,          // [B, V_COLUMNS], rows v_pitch apart
+    int v_pitch,
     const float* __restrict__ adv,        // [B, c_D]
     const float* __restrict__ v_bias,     // [N] or null
     const float* __restrict__ adv_bias,   // [A, N] or null
@@ -114,7 +117,7 @@ extern "C" __global__ void dueling_softmax_forward(
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
-            vv[k] = j < NUM_ATOMS ? v[b * V_PITCH + j] + (v_bias != nullptr ? v_bias[j] : 0.0f) : 0.0f;
+            vv[k] = j < NUM_ATOMS ? v[b * v_pitch + j] + (v_bias != nullptr ? v_bias[j] : 0.0f) : 0.0f;
             mean[k] = 0.0f;
         }
 #pragma unroll
@@ -200,11 +203,13 @@ extern "C" __global__ void dueling_softmax_forward(
 // backward before the direction branch's dq is known, so it calls this twice).
 extern "C" __global__ void dueling_backward(
     const float* __restrict__ dlogits,    // [B, A, N]
-    const float* __restrict__ dq,         // [B, A] or null
+    const float* __restrict__ dq,         // [B, ld_dq] or null (column a: action a's gradient)
+    int ld_dq, float dq_scale,            // dq's row pitch; it is read times dq_scale
     const float* __restrict__ probs,      // [B, A, N] (read only when dq is given)
     const float* __restrict__ q,          // [B, A]    (read only when dq is given)
     const float* __restrict__ z,          // [N]
-    float* __restrict__ dv,               // [B, V_PITCH]
+    float* __restrict__ dv,               // [B, V_COLUMNS], rows v_pitch apart
+    int v_pitch,
     float* __restrict__ dadv,             // [B, c_D]
     int batch, int branch_begin, int branch_end, int accumulate_dv)
 {
@@ -236,7 +241,7 @@ extern "C" __global__ void dueling_backward(
                 const long long ba = b * NUM_ACTIONS + a0 + i;
                 float dqa = 0.0f, qa = 0.0f;
                 if (dq != nullptr && i < n) {
-                    dqa = dq[ba];
+                    dqa = dq[b * ld_dq + a0 + i] * dq_scale;
                     qa = q[ba];
                 }
 #pragma unroll
@@ -269,13 +274,13 @@ extern "C" __global__ void dueling_backward(
             for (int c = n * NUM_ATOMS + lane; c < kAdvColumns[d + 1] - kAdvColumns[d]; c += 32)
                 dadv_d[c] = 0.0f;  // the block's padding
         }
-        float* dv_b = dv + b * V_PITCH;
+        float* dv_b = dv + b * v_pitch;
 #pragma unroll
         for (int k = 0; k < ATOMS_PER_LANE; ++k) {
             const int j = lane + 32 * k;
             if (j < NUM_ATOMS) dv_b[j] = accumulate_dv ? dv_b[j] + acc_v[k] : acc_v[k];
         }
-        for (int j = NUM_ATOMS + lane; j < V_PITCH; j += 32) dv_b[j] = 0.0f;
+        for (int j = NUM_ATOMS + lane; j < V_COLUMNS; j += 32) dv_b[j] = 0.0f;
     }
 }
 
@@ -334,5 +339,63 @@ extern "C" __global__ void scatter_actions(
         const int d = kBranchOfAction[a];
         const long long bd = b * NUM_BRANCHES + d;
         out[i] = action[bd] == a ? vals[bd * width + j] : 0.0f;
+    }
+}
+
+// The greedy action of each branch (the first of ties, as numpy.argmax):
+//   out[b, d] = argmax_{a in branch d} values[b, a] (+ o_d with absolute != 0: the index over all actions)
+// One thread per (sample, branch).
+extern "C" __global__ void branch_argmax(
+    const float* __restrict__ values,     // [B, A]
+    long long* __restrict__ out,          // [B, D]
+    int batch, int absolute)
+{
+    const long long rows = (long long)batch * NUM_BRANCHES;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < rows;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long b = t / NUM_BRANCHES;
+        const int d = (int)(t - b * NUM_BRANCHES);
+        const int a0 = kBranchOffsets[d], a1 = kBranchOffsets[d + 1];
+        const float* v = values + b * NUM_ACTIONS;
+        int best = a0;
+        float vb = v[a0];
+        for (int a = a0 + 1; a < a1; ++a) {
+            const float x = v[a];
+            if (vb == vb && (x > vb || x != x)) {  // as numpy: a NaN wins, the first of them
+                best = a;
+                vb = x;
+            }
+        }
+        out[t] = absolute ? best : best - a0;
+    }
+}
+
+// The auxiliary loss's error and its gradient, one thread per (sample, action):
+//   e[b, d]        = values[b, action[b, d]] - target[b, d]        (action: absolute indices)
+//   err2[b, d]     = e[b, d]^2                                      (by the taken action's thread)
+//   dvalues[b, a]  = scale * e[b, d] where a = action[b, d], else 0 (d the branch of a)
+// NumPy twin: agent.py (Agent.loss_and_grads, the take_along_axis / put_along_axis lines).
+extern "C" __global__ void aux_error(
+    const float* __restrict__ values,      // [B, A]
+    const long long* __restrict__ action,  // [B, D]
+    const float* __restrict__ target,      // [B, D]
+    float scale,
+    float* __restrict__ err2,              // [B, D]
+    float* __restrict__ dvalues,           // [B, A]
+    int batch)
+{
+    const long long total = (long long)batch * NUM_ACTIONS;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long b = t / NUM_ACTIONS;
+        const int a = (int)(t - b * NUM_ACTIONS);
+        const long long bd = b * NUM_BRANCHES + kBranchOfAction[a];
+        float g = 0.0f;
+        if (action[bd] == a) {
+            const float e = values[t] - target[bd];
+            err2[bd] = e * e;
+            g = scale * e;
+        }
+        dvalues[t] = g;
     }
 }

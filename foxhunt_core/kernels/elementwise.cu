@@ -33,75 +33,92 @@ __device__ __forceinline__ float stable_sigmoid(float x) {
 // The tail of an augmented row: zeros, then a one in the row's last column.
 __device__ __forceinline__ float tail_value(int c, int ld) { return c == ld - 1 ? 1.0f : 0.0f; }
 
-// The GLU works on the joint layout of a branch's GEMM output: pv [rows, 2 cols] holds the gate
-// pre-activation in its first `cols` columns and the value in the last `cols` (one GEMM with the
-// gate and value weights side by side, their biases in the weight block's last row). The
-// forward writes only h; the backward recomputes gate and value from pv (so the update keeps no
-// [rows, cols] caches of them) and may write its gradient over pv.
+// The GLU works on the joint layout of a branch's GEMM output: pv holds the gate pre-activation
+// in `cols` columns and the value in the next `cols` (one GEMM with the gate and value weights
+// side by side, their biases in the weight block's last row). `blocks` branches may sit side by
+// side in a row (one GEMM for several branches): branch b's [gate | value] at column 2 b cols of
+// pv, its h at column b width of h, its dh at column b cols of dh. Every array is a row-major
+// view with its own row pitch (ld_*). The forward writes only h; the backward recomputes gate
+// and value from pv (so the update keeps no caches of them) and may write its gradient over pv.
 extern "C" __global__ void glu_forward(
-    const float* pv,                     // [rows, 2 cols]  [u W_gate | u W_val]
-    float* h,                            // [rows, ld]
-    long long total, int cols, int ld)   // total = rows * ld
+    const float* pv, int ld_pv,          // [rows, blocks * 2 cols]  [u W_gate | u W_val] ...
+    float* h, int ld_h,                  // [rows, blocks * width]
+    long long total, int cols, int width, int blocks)   // total = rows * blocks * width
 {
+    const int row_len = blocks * width;
     GRID_STRIDE(i, total) {
-        const int r = i / ld, c = i - r * ld;
-        h[i] = c < cols ? stable_sigmoid(pv[r * 2 * cols + c]) * pv[r * 2 * cols + cols + c] : tail_value(c, ld);
+        const int r = i / row_len, c = i - r * row_len;
+        const int b = c / width, cc = c - b * width;
+        const float* p = pv + (long long)r * ld_pv + b * 2 * cols;
+        h[(long long)r * ld_h + c] = cc < cols ? stable_sigmoid(p[cc]) * p[cols + cc] : tail_value(cc, width);
     }
 }
 
 extern "C" __global__ void glu_backward(
-    const float* dh,                     // [rows, cols]
-    const float* pv,                     // [rows, 2 cols] the forward's input
-    float* dpv,                          // [rows, 2 cols] [d pre_gate | d val]; may be pv
-    long long total, int cols)           // total = rows * cols
+    const float* dh, int ld_dh,          // [rows, blocks * cols]
+    const float* pv, int ld_pv,          // [rows, blocks * 2 cols] the forward's input
+    float* dpv, int ld_dpv,              // [rows, blocks * 2 cols] [d pre_gate | d val] ...; may be pv
+    long long total, int cols, int blocks)   // total = rows * blocks * cols
 {
+    const int row_len = blocks * cols;
     GRID_STRIDE(i, total) {
-        const int r = i / cols, c = i - r * cols;
-        const float pg = pv[r * 2 * cols + c], vv = pv[r * 2 * cols + cols + c];
+        const int r = i / row_len, c = i - r * row_len;
+        const int b = c / cols, cc = c - b * cols;
+        const float* p = pv + (long long)r * ld_pv + b * 2 * cols;
+        const float pg = p[cc], vv = p[cols + cc];
         const float g = stable_sigmoid(pg);
-        const float d = dh[i];
-        dpv[r * 2 * cols + c] = d * vv * g * (1.0f - g);
-        dpv[r * 2 * cols + cols + c] = d * g;
+        const float d = dh[(long long)r * ld_dh + c];
+        float* q = dpv + (long long)r * ld_dpv + b * 2 * cols;
+        q[cc] = d * vv * g * (1.0f - g);
+        q[cols + cc] = d * g;
     }
 }
 
-// The same four consecutive columns per thread (float4 loads and stores), for widths that are
-// multiples of 4 and arrays aligned to 16 bytes (the wrappers check both and otherwise launch
-// the kernels above). `total`, `cols` and `ld` count floats.
-__device__ __forceinline__ float4 ld4(const float* p, int i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ __forceinline__ void st4(float* p, int i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
+// The same four consecutive columns per thread (float4 loads and stores), for widths and row
+// pitches that are multiples of 4 and arrays aligned to 16 bytes (the wrappers check and
+// otherwise launch the kernels above). Every size below counts floats.
+__device__ __forceinline__ float4 ld4(const float* p, long long i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ void st4(float* p, long long i, float4 v) { reinterpret_cast<float4*>(p)[i] = v; }
 __device__ __forceinline__ float4 tail4(int c4, int ld) {
     return make_float4(tail_value(4 * c4, ld), tail_value(4 * c4 + 1, ld), tail_value(4 * c4 + 2, ld),
                        tail_value(4 * c4 + 3, ld));
 }
 
-extern "C" __global__ void glu_forward_vec4(const float* pv, float* h, long long total, int cols, int ld)
+extern "C" __global__ void glu_forward_vec4(const float* pv, int ld_pv, float* h, int ld_h,
+                                            long long total, int cols, int width, int blocks)
 {
-    const int cols4 = cols >> 2, ld4_ = ld >> 2;
+    const int cols4 = cols >> 2, width4 = width >> 2, row4 = blocks * width4;
     GRID_STRIDE(t, total >> 2) {
-        const int r = t / ld4_, c4 = t - r * ld4_;
-        if (c4 >= cols4) {
-            st4(h, t, tail4(c4, ld));
+        const int r = t / row4, c4 = t - r * row4;
+        const int b = c4 / width4, cc4 = c4 - b * width4;
+        const long long out = ((long long)r * ld_h >> 2) + c4;
+        if (cc4 >= cols4) {
+            st4(h, out, tail4(cc4, width));
             continue;
         }
-        const float4 pg = ld4(pv, r * 2 * cols4 + c4), vv = ld4(pv, r * 2 * cols4 + cols4 + c4);
-        st4(h, t, make_float4(stable_sigmoid(pg.x) * vv.x, stable_sigmoid(pg.y) * vv.y,
-                              stable_sigmoid(pg.z) * vv.z, stable_sigmoid(pg.w) * vv.w));
+        const long long in = ((long long)r * ld_pv >> 2) + b * 2 * cols4 + cc4;
+        const float4 pg = ld4(pv, in), vv = ld4(pv, in + cols4);
+        st4(h, out, make_float4(stable_sigmoid(pg.x) * vv.x, stable_sigmoid(pg.y) * vv.y,
+                                stable_sigmoid(pg.z) * vv.z, stable_sigmoid(pg.w) * vv.w));
     }
 }
 
-extern "C" __global__ void glu_backward_vec4(const float* dh, const float* pv, float* dpv, long long total, int cols)
+extern "C" __global__ void glu_backward_vec4(const float* dh, int ld_dh, const float* pv, int ld_pv,
+                                             float* dpv, int ld_dpv, long long total, int cols, int blocks)
 {
-    const int cols4 = cols >> 2;
+    const int cols4 = cols >> 2, row4 = blocks * cols4;
     GRID_STRIDE(t, total >> 2) {
-        const int r = t / cols4, c4 = t - r * cols4;
-        const float4 pg = ld4(pv, r * 2 * cols4 + c4), vv = ld4(pv, r * 2 * cols4 + cols4 + c4);
-        const float4 d = ld4(dh, t);
+        const int r = t / row4, c4 = t - r * row4;
+        const int b = c4 / cols4, cc4 = c4 - b * cols4;
+        const long long in = ((long long)r * ld_pv >> 2) + b * 2 * cols4 + cc4;
+        const long long out = ((long long)r * ld_dpv >> 2) + b * 2 * cols4 + cc4;
+        const float4 pg = ld4(pv, in), vv = ld4(pv, in + cols4);
+        const float4 d = ld4(dh, ((long long)r * ld_dh >> 2) + c4);
         const float4 g = make_float4(stable_sigmoid(pg.x), stable_sigmoid(pg.y),
                                      stable_sigmoid(pg.z), stable_sigmoid(pg.w));
-        st4(dpv, r * 2 * cols4 + c4, make_float4(d.x * vv.x * g.x * (1.0f - g.x), d.y * vv.y * g.y * (1.0f - g.y),
-                                                 d.z * vv.z * g.z * (1.0f - g.z), d.w * vv.w * g.w * (1.0f - g.w)));
-        st4(dpv, r * 2 * cols4 + cols4 + c4, make_float4(d.x * g.x, d.y * g.y, d.z * g.z, d.w * g.w));
+        st4(dpv, out, make_float4(d.x * vv.x * g.x * (1.0f - g.x), d.y * vv.y * g.y * (1.0f - g.y),
+                                  d.z * vv.z * g.z * (1.0f - g.z), d.w * vv.w * g.w * (1.0f - g.w)));
+        st4(dpv, out + cols4, make_float4(d.x * g.x, d.y * g.y, d.z * g.z, d.w * g.w));
     }
 }
 
@@ -202,4 +219,12 @@ extern "C" __global__ void pack_rows(
         }
         out[i] = r < r1 ? x0[r * cols + c] : r < r2 ? x1[(r - r1) * cols + c] : x2[(r - r2) * cols + c];
     }
+}
+
+// dst = src, four floats per thread (a whole flat parameter buffer: the update's online twin and
+// the target network's sync). A kernel rather than cudaMemcpy: the copy engine measured ~4x
+// slower for buffers of a few MB.
+extern "C" __global__ void copy_vec4(const float* src, float* dst, long long n4)
+{
+    GRID_STRIDE(t, n4) st4(dst, t, ld4(src, t));
 }

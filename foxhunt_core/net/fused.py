@@ -94,26 +94,48 @@ def glu_rows(net: Any, d: int) -> int:
     return padded(net.in_width[d] + 1)
 
 
+def joint(net: Any) -> bool:
+    """Whether every branch's GLU weights share one block, and every branch's advantage weights
+    another (no branch has extra input columns): one GEMM then serves several branches."""
+    return not any(net.extra_width)
+
+
+def glu_home(net: Any, d: int) -> tuple[str, int]:
+    """The block holding branch ``d``'s ``[W_gate | W_val]`` and its first column there."""
+    return ("branch0.w_gate", 2 * net.settings.adv_h * d) if joint(net) else (f"branch{d}.w_gate", 0)
+
+
+def out_home(net: Any, d: int) -> tuple[str, int]:
+    """The block holding branch ``d``'s advantage weights and its first column there."""
+    if joint(net):
+        return "branch0.w_out", head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)[d]
+    return f"branch{d}.w_out", 0
+
+
 def blocks(net: Any) -> dict[str, tuple[Shape, list[tuple[str, int | None, int]]]]:
     """The core's weight blocks on this path: ``{block: (shape, [(tensor, row, col), ...])}``.
     The first tensor is the block's home (top-left corner); ``row`` None places a matrix at
     the top from column ``col``, an integer row places a vector (a bias: the block's last row,
     met by the input's ones column)."""
     s, N = net.settings, net.num_atoms
-    H = s.adv_h
+    H, D = s.adv_h, len(net.sizes)
     wx, wz, wh = x_width(net), z_width(net), h_width(net)
     hcol = head_columns(net.offsets, N, HEAD_ALIGN)
     out = {
         "trunk.w1": ((wx, s.shared_h1), [("trunk.w1", None, 0), ("trunk.b1", wx - 1, 0)]),
         "value.w": ((wz, padded(N)), [("value.w", None, 0), ("value.b", wz - 1, 0)]),
     }
-    for d in range(len(net.sizes)):
+    for d in range(D):
+        home, c = glu_home(net, d)
         r = glu_rows(net, d)
-        out[f"branch{d}.w_gate"] = ((r, 2 * H), [
-            (f"branch{d}.w_gate", None, 0), (f"branch{d}.w_val", None, H),
-            (f"branch{d}.b_gate", r - 1, 0), (f"branch{d}.b_val", r - 1, H)])
-        out[f"branch{d}.w_out"] = ((wh, hcol[d + 1] - hcol[d]), [
-            (f"branch{d}.w_out", None, 0), (f"branch{d}.b_out", wh - 1, 0)])
+        shape = (r, 2 * H * (D if joint(net) else 1))
+        out.setdefault(home, (shape, []))[1].extend([
+            (f"branch{d}.w_gate", None, c), (f"branch{d}.w_val", None, c + H),
+            (f"branch{d}.b_gate", r - 1, c), (f"branch{d}.b_val", r - 1, c + H)])
+        home, c = out_home(net, d)
+        shape = (wh, hcol[-1] if joint(net) else hcol[d + 1] - hcol[d])
+        out.setdefault(home, (shape, []))[1].extend([
+            (f"branch{d}.w_out", None, c), (f"branch{d}.b_out", wh - 1, c)])
     return out
 
 
@@ -123,11 +145,13 @@ def storage_shapes(net: Any) -> dict[str, Any]:
 
     * the first trunk layer [obs features + 1 rounded up to 4, H1] with ``b1`` in its last row;
     * the value head [z_width, N rounded up to 4] with its bias in the last row;
-    * each GLU's gate and value weights side by side, [z_width, 2 adv_h], the two biases side by
-      side in the last row (a branch with extra input columns: its own input width + 1,
-      rounded up to 4);
-    * each branch's advantage layer [adv_h + 1 rounded up to 4, n N rounded up to 4] with its
-      bias in the last row.
+    * every GLU's gate and value weights side by side, [z_width, branches x 2 adv_h], the biases
+      side by side in the last row: one GEMM for several branches (:func:`joint`; with a
+      branch-input stage, one such block per branch, a branch with extra input columns its own
+      input width + 1 rounded up to 4 rows);
+    * every branch's advantage layer side by side, [adv_h + 1 rounded up to 4, the advantage
+      row's width (each branch's n N rounded up to 4)], the biases in the last row (with a
+      branch-input stage one block per branch).
     """
     from ..gpu.flat import Shared
 
@@ -168,6 +192,18 @@ def pairs(net: Any) -> bool:
     from .network import SigmoidGate
 
     return isinstance(net.gate, SigmoidGate) and not net.branch_inputs
+
+
+# Up to this many rows per forward, forwards over stacked parameter trees run as strided-batched
+# GEMMs; beyond it, the forwards of one tree run as one GEMM and the others apart (on the H200
+# the heuristic's strided-batched kernels are slower there: benchmarks/bench_stack.py).
+STACK_MAX_ROWS = 16384
+
+
+def stacks(net: Any, rows: int) -> bool:
+    """Whether forwards of ``rows`` rows each over stacked parameter trees run as one
+    (strided-batched GEMMs): with :func:`pairs` and up to :data:`STACK_MAX_ROWS` rows."""
+    return pairs(net) and rows <= STACK_MAX_ROWS
 
 
 def _stride(net: Any, trees: Sequence[dict]) -> int | None:
@@ -215,16 +251,17 @@ def forward_segments(net: Any, segments: Sequence[tuple[dict, Array, Sequence[st
     """Several forwards ``(params, obs, outputs)``, as few launches as the parameters allow; one
     :class:`~foxhunt_core.net.network.NetOutput` each, the first with its cache when
     ``keep_cache`` (it then has every output). Segments of one parameter tree run as one
-    (their rows one after another); parameter trees stacked in one allocation (equal row counts)
-    run as strided-batched GEMMs and segmented kernels; the rest separately. Without
-    :func:`pairs` every segment runs on its own."""
+    (their rows one after another); parameter trees stacked in one allocation (equal row counts
+    up to :data:`STACK_MAX_ROWS`) run as strided-batched GEMMs and segmented kernels; the rest
+    separately. Without :func:`pairs` every segment runs on its own."""
     segs = list(segments)
     if not segs:
         return []
     if pairs(net):
         trees = [p for p, _, _ in segs]
         stride = _stride(net, trees)
-        if stride is not None and (stride == 0 or len({x.shape[0] for _, x, _ in segs}) == 1) and len(segs) <= 3:
+        rows = {x.shape[0] for _, x, _ in segs}
+        if stride is not None and (stride == 0 or (len(rows) == 1 and stacks(net, rows.pop()))) and len(segs) <= 3:
             return _forward_group(net, segs, keep_cache, stride)
     outs: list = []
     i = 0
@@ -267,7 +304,8 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     mpre = mm(h2, p["vsn.w"], bias=p["vsn.b"], stack=stack)
     keep = B if keep_cache else 0
     m, z = K.vsn_forward(h2, mpre, width=z_width(net), keep_rows=keep, m=mpre[:keep] if keep else None)
-    v = mm(z, _block(p, net, "value.w"), stack=stack)  # [R, 52], bias included
+    vb = _block(p, net, "value.w")
+    v = mm(z[:, :H2], vb[:H2], bias=vb[-1], stack=stack)  # [R, 52]; K = H2, the bias in the epilogue
 
     extra_cols, extra_caches = [], []
     for st in net.branch_inputs:  # (single segments only: pairs() is False with them)
@@ -299,25 +337,45 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
             K.dueling_softmax_forward(v[r0:r1], adv[r0:r1], z_sup, offs, branches=branches, want=w,
                                       zq=None if zq is None else zq[r0:r1], zq_scale=1.0 / net.q_scale, **outs)
 
+    Wh = h_width(net)
+    pv_all = cp.empty((R, D * 2 * H), dtype=cp.float32)  # each branch's [gate | value] pre-activations
+    h_all = cp.empty((R, D * Wh), dtype=cp.float32)  # each branch's augmented GLU output
+    blk: dict[str, Array] = {}
+
+    def block(home: str) -> Array:
+        if home not in blk:
+            blk[home] = _block(p, net, home)
+        return blk[home]
+
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
-    for d in (DIRECTION,) + tuple(i for i in range(D) if i != DIRECTION):
-        wj = _block(p, net, f"branch{d}.w_gate")  # [W_gate | W_val] over [b_gate | b_val]
-        u = z if use_z[d] else _branch_input(net, d, z, res["q"], extra_cols, wj.shape[0])
-        pv = mm(u, wj, stack=stack)  # [R, 2H]: the gate's and the value's pre-activations
-        gate = gcache = val = None
+    for g in branch_groups(net):  # the direction branch first: the magnitude branch reads its Q
+        d0, d1 = g[0], g[-1] + 1
+        home, c0 = glu_home(net, d0)
+        wj = block(home)[:, c0 : c0 + 2 * H * len(g)]  # [W_gate | W_val] ... over their biases
+        u = z if use_z[d0] else _branch_input(net, d0, z, res["q"], extra_cols, wj.shape[0])
+        pv = pv_all[:, 2 * H * d0 : 2 * H * d1]
+        if use_z[d0] and MAGNITUDE not in g:  # K = H2, the biases in the epilogue (no K tail)
+            mm(z[:, :H2], wj[:H2], out=pv, bias=wj[-1], stack=stack)
+        else:  # the direction Q and the ones column of the augmented input as well
+            mm(u, wj, out=pv, stack=stack)
+        h = h_all[:, Wh * d0 : Wh * d1]
         if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
-            h = K.glu_forward(pv, width=h_width(net))
-        else:
-            pre, val = pv[:, :H], pv[:, H:]
-            gate, gcache = net.gate.forward(cp, gp, d, pre)
-            h = cp.zeros((R, h_width(net)), dtype=cp.float32)
-            h[:, :H] = gate * val
-            h[:, -1] = 1.0
-        mm(h, _block(p, net, f"branch{d}.w_out"), out=adv[:, hcol[d] : hcol[d + 1]], stack=stack)
-        if d == DIRECTION:  # the magnitude branch reads the direction branch's expected Q
+            K.glu_forward(pv, width=Wh, blocks=len(g), h=h)
+        for i, d in enumerate(g):
+            gate = gcache = val = None
+            if not sigmoid_gate:
+                pre = cp.ascontiguousarray(pv[:, 2 * H * i : 2 * H * i + H])
+                val = pv[:, 2 * H * i + H : 2 * H * (i + 1)]
+                gate, gcache = net.gate.forward(cp, gp, d, pre)
+                hd = h[:, Wh * i : Wh * (i + 1)]
+                hd[...] = 0.0
+                hd[:, :H] = gate * val
+                hd[:, -1] = 1.0
+            if keep_cache:  # the rows of the first segment (views; the backward writes over pv's)
+                branches[d] = dict(u=None if use_z[d] else u[:B], gate=gate, gcache=gcache, val=val)
+        _advantages(net, g, h, block, adv, stack)
+        if d0 == DIRECTION:
             dueling((0, 1))
-        if keep_cache:  # the rows of the first segment (views; the backward writes over pv's)
-            branches[d] = dict(u=None if use_z[d] else u[:B], pv=pv[:B], gate=gate, gcache=gcache, val=val, h=h[:B])
     dueling((1, D))
 
     outs = []
@@ -330,13 +388,51 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
 
         cache = None
         if keep_cache and i == 0:
-            cache = dict(fused=True, x=x[:B], h1=h1[:B], h2=h2[:B], m=m, z=z[:B], branches=branches,
-                         q=res["q"][:B], extra_cols=extra_cols, extra_caches=extra_caches)
+            cache = dict(fused=True, x=x[:B], h1=h1[:B], h2=h2[:B], m=m, z=z[:B], pv=pv_all[:B], h=h_all[:B],
+                         branches=branches, q=res["q"][:B], extra_cols=extra_cols, extra_caches=extra_caches)
         # The kernel returns normalised logits (log-probabilities); they differ from the raw
         # dueling logits by a per-distribution constant, which no consumer depends on.
         lp = part("log_probs")
         outs.append(NetOutput(lp, part("probs"), lp, cache, q=part("q"), var=part("var")))
     return outs
+
+
+def branch_groups(net: Any) -> list[tuple[int, ...]]:
+    """The branches whose GLUs run as one (one GEMM, one kernel), in forward order: the direction
+    branch alone first (the magnitude branch reads its Q), then the others together when their
+    weights share blocks (:func:`joint`), else one by one."""
+    D = len(net.sizes)
+    if joint(net):
+        return [(DIRECTION,), tuple(d for d in range(D) if d != DIRECTION)]
+    return [(DIRECTION,)] + [(d,) for d in range(D) if d != DIRECTION]
+
+
+def _uniform(net: Any, g: Sequence[int]) -> bool:
+    """Whether the branches ``g`` have advantage blocks of one width (one strided-batched GEMM)."""
+    hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
+    return joint(net) and len(g) > 1 and len({hcol[d + 1] - hcol[d] for d in g}) == 1
+
+
+def _advantages(net: Any, g: Sequence[int], h: Array, block: Any, adv: Array, stack: Any) -> None:
+    """The advantage GEMMs of branches ``g`` (their augmented GLU outputs ``h`` side by side)
+    into their columns of ``adv``: one strided-batched GEMM over the branches where one set of
+    parameters runs (no ``stack``) over at most :data:`STACK_MAX_ROWS` rows and their blocks are
+    of one width (the launches it saves are what small batches cost), else one GEMM each, the bias
+    in the epilogue (faster on large batches)."""
+    hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
+    Wh = h_width(net)
+    if stack is None and _uniform(net, g) and h.shape[0] <= STACK_MAX_ROWS:
+        d, w = g[0], hcol[g[0] + 1] - hcol[g[0]]
+        home, c = out_home(net, d)
+        mm(h[:, :Wh], block(home)[:, c : c + w], out=adv[:, hcol[d] : hcol[d] + w], batch=(len(g), Wh, w, w))
+        return
+    H = net.settings.adv_h
+    for i, d in enumerate(g):  # K = H, the bias in the epilogue
+        home, c = out_home(net, d)
+        w = hcol[d + 1] - hcol[d]
+        wo = block(home)
+        mm(h[:, Wh * i : Wh * i + H], wo[:H, c : c + w], out=adv[:, hcol[d] : hcol[d + 1]], bias=wo[-1, c : c + w],
+           stack=stack)
 
 
 def _branch_input(net: Any, d: int, z: Array, q: Array, extra_cols: list[Array], width: int) -> Array:
@@ -390,22 +486,35 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         g[name] = s if s is not None else cp.empty(p[name].shape, dtype=cp.float32)
         return g[name]
 
+    gblocks: dict[str, Array] = {}
+    pblocks: dict[str, Array] = {}
+
     def grad_block(home: str) -> Array:
         """Where block ``home``'s gradient goes: the gradient buffer's own block, or a scratch
         block whose parts are copied into the slots at the end."""
+        if home in gblocks:
+            return gblocks[home]
         shape, members = layout[home]
         views = [slot(n) for n, _, _ in members]
         blk = storage_of(slots, home)
-        if (blk is not None and tuple(blk.shape) == shape and all(n in slots for n, _, _ in members)
+        if not (blk is not None and tuple(blk.shape) == shape and all(n in slots for n, _, _ in members)
                 and all(storage_of(slots, n) is blk for n, _, _ in members)):
-            return blk
-        blk = cp.empty(shape, dtype=cp.float32)
-        pending.extend((v, _placed(blk, m, v)) for v, m in zip(views, members))
+            blk = cp.empty(shape, dtype=cp.float32)
+            pending.extend((v, _placed(blk, m, v)) for v, m in zip(views, members))
+        gblocks[home] = blk
         return blk
+
+    def block(home: str) -> Array:
+        if home not in pblocks:
+            pblocks[home] = _block(p, net, home)
+        return pblocks[home]
 
     ggate: dict[str, Array] = {}
     gextra: list[Any] = [None] * len(net.branch_inputs)
     z = c["z"]  # [B, Wz] augmented
+    pv_all, h_all = c["pv"], c["h"]  # every branch's [gate | value] pre-activations, augmented h
+    Wh = h_width(net)
+    dh_all = cp.empty((B, D * H), dtype=cp.float32)  # every branch's GLU output gradient
     dz = (cp.zeros if net.branch_inputs else cp.empty)((B, z.shape[1]), dtype=cp.float32)
     dz_started = bool(net.branch_inputs)
 
@@ -413,48 +522,72 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     # direction branch's Q, which then enters the direction branch's logit gradient.
     dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D), padded=True)
 
-    def branch_backward(d: int) -> Array | None:
-        """Branch ``d``'s gradients; returns the gradient of its extra input columns (a branch
-        with branch-input columns) or None (its input is z: the gradient is in dz)."""
+    def group_backward(g: tuple[int, ...]) -> Array | None:
+        """The gradients of branches ``g`` (one GLU group); returns the gradient of the extra
+        input columns of a branch that has them, or None (the input is z: its gradient is in dz)."""
         nonlocal dz_started
-        bc = c["branches"][d]
-        wj = _block(p, net, f"branch{d}.w_gate")
-        wout = _block(p, net, f"branch{d}.w_out")
-        dh = dadv[:, hcol[d] : hcol[d + 1]]  # zeros in the padding
-        dh_in = mm(dh, wout[:H].T)  # [B, H]
-        mm(bc["h"].T, dh, out=grad_block(f"branch{d}.w_out"))  # the ones column: b_out's gradient
-        dpv = bc["pv"]  # [d pre_gate | d val], written over the forward's [pre_gate | val]
+        d0, d1, n = g[0], g[-1] + 1, len(g)
+        # The advantage layers: input gradients (one strided-batched GEMM where the blocks are of
+        # one width), weight and (ones column) bias gradients one branch each (split-K).
+        if _uniform(net, g):
+            w = hcol[d0 + 1] - hcol[d0]
+            home, col = out_home(net, d0)
+            mm(dadv[:, hcol[d0] : hcol[d0] + w], block(home)[:H, col : col + w].T, out=dh_all[:, H * d0 : H * (d0 + 1)],
+               batch=(n, w, w, H))
+        for d in g:
+            home, col = out_home(net, d)
+            w = hcol[d + 1] - hcol[d]
+            dh = dadv[:, hcol[d] : hcol[d + 1]]  # zeros in the padding
+            if not _uniform(net, g):
+                mm(dh, block(home)[:H, col : col + w].T, out=dh_all[:, H * d : H * (d + 1)])
+            # One GEMM each: cuBLAS splits their long K = B reduction, which it never does inside a
+            # strided batch (one batched GEMM measured 1.5-3x slower: benchmarks/bench_stack.py).
+            mm(h_all[:, Wh * d : Wh * (d + 1)].T, dh, out=grad_block(home)[:, col : col + w])
+        dpv = pv_all[:, 2 * H * d0 : 2 * H * d1]  # [d pre_gate | d val] ..., written over the forward's
         if sigmoid_gate:
-            K.glu_backward(dh_in, dpv, dpv=dpv)
+            K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
         else:
-            dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dh_in * bc["val"])
-            cp.multiply(dh_in, bc["gate"], out=dpv[:, H:])
-            dpv[:, :H] = dpre
-            for k, val in gg.items():
-                ggate[k] = ggate[k] + val if k in ggate else val
-        u = z if bc["u"] is None else bc["u"]
-        mm(u.T, dpv, out=grad_block(f"branch{d}.w_gate"))  # weights and (ones column) biases
-        if bc["u"] is None:  # K = 2H: gate and value at once, into every column of dz
+            for d in g:
+                bc, dh_in = c["branches"][d], dh_all[:, H * d : H * (d + 1)]
+                dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dh_in * bc["val"])
+                cp.multiply(dh_in, bc["gate"], out=pv_all[:, 2 * H * d + H : 2 * H * (d + 1)])
+                pv_all[:, 2 * H * d : 2 * H * d + H] = dpre
+                for k, val in gg.items():
+                    ggate[k] = ggate[k] + val if k in ggate else val
+        home, col = glu_home(net, d0)
+        wj = block(home)[:, col : col + 2 * H * n]
+        gw = grad_block(home)[:, col : col + 2 * H * n]
+        bu = c["branches"][d0]["u"]  # (a branch with extra input columns is a group of its own)
+        mm(z.T if bu is None else bu.T, dpv, out=gw)  # weights and (ones column) biases
+        if MAGNITUDE in g and bu is None and n > 1:
+            # The direction-Q columns of z meet only the magnitude branch's weights: the other
+            # branches' gradients over those rows of the block are zero.
+            for i, d in enumerate(g):
+                if d != MAGNITUDE:
+                    gw[H2 : H2 + n_dir, 2 * H * i : 2 * H * (i + 1)] = 0.0
+        if bu is None:  # K = n 2H: every branch's gate and value at once, into every column of dz
             mm(dpv, wj.T, out=dz, beta=1.0 if dz_started else 0.0)
             dz_started = True
             return None
         mm(dpv, wj[:H2].T, out=dz[:, :H2], beta=1.0)
-        return mm(dpv, wj[H2:].T)[:, : net.in_width[d] - H2]  # 4-aligned over the block's rows
+        return mm(dpv, wj[H2:].T)[:, : net.in_width[d0] - H2]  # 4-aligned over the block's rows
 
-    dxes: dict[int, Array | None] = {MAGNITUDE: branch_backward(MAGNITUDE)}
-    dq = cp.zeros((B, A), dtype=cp.float32)  # the conditioning path into direction Q
-    if dxes[MAGNITUDE] is None:
-        dq[:, :n_dir] = dz[:, H2 : H2 + n_dir] * (1.0 / net.q_scale)
-        # Only the magnitude branch's weights see the direction-Q columns of z: the other
-        # heads' gradients over those rows of their blocks must stay zero.
-        z[:, H2 : H2 + n_dir] = 0.0
-    else:
-        dq[:, :n_dir] = dxes[MAGNITUDE][:, :n_dir] * (1.0 / net.q_scale)
-    K.dueling_backward(dlogits, z_sup, offs, branches=(0, 1), accumulate_dv=True, dq=dq,
+    groups = branch_groups(net)
+    first = next(gr for gr in groups if MAGNITUDE in gr)
+    dxes: dict[int, Array | None] = {first[0]: group_backward(first)}
+    # The conditioning path into the direction branch's Q: d loss / d (q_dir / q_scale), in the
+    # direction-Q columns of dz (or of the extra columns' gradient), read by the kernel as it is.
+    dxq = dxes[first[0]]
+    dq = dz[:, H2 : H2 + n_dir] if dxq is None else dxq[:, :n_dir]
+    K.dueling_backward(dlogits, z_sup, offs, branches=(0, 1), accumulate_dv=True, dq=dq, dq_scale=1.0 / net.q_scale,
                        probs=out.probs, q=c["q"], dv=dv, dadv=dadv, padded=True)
-    for d in range(D):
-        if d != MAGNITUDE:
-            dxes[d] = branch_backward(d)
+    if dxq is None:
+        # Only the magnitude branch's weights see the direction-Q columns of z: the heads still
+        # to come must see zeros there.
+        z[:, H2 : H2 + n_dir] = 0.0
+    for gr in groups:
+        if gr is not first:
+            dxes[gr[0]] = group_backward(gr)
     for d, dxe in dxes.items():
         col = n_dir if d == MAGNITUDE else 0
         for i, st in enumerate(net.branch_inputs):
@@ -463,8 +596,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 gextra[i] = dcols if gextra[i] is None else gextra[i] + dcols
                 col += st.width
 
-    wv = _block(p, net, "value.w")
-    mm(dv, wv.T, out=dz, beta=1.0)
+    mm(dv, block("value.w").T, out=dz, beta=1.0)
     mm(z.T, dv, out=grad_block("value.w"))  # weights and (ones column) bias
     dh2_mask, dmpre = K.vsn_backward(dz[:, :H2], c["h2"], c["m"])
     mm(c["h2"].T, dmpre, out=slot("vsn.w"))

@@ -44,6 +44,31 @@ def test_glu_forward_and_backward(cp, rng, B, H, width):
     assert_close("dpv in place", out, R.glu_backward(host64(dh), host64(pv)), TOL)
 
 
+@pytest.mark.parametrize("H", [64, 37])  # float4 kernel, scalar kernel
+def test_glu_over_several_branches_in_views(cp, rng, H):
+    """Three branches' joint blocks side by side, read from and written to column blocks of
+    wider arrays (the network's [rows, branches x ...] buffers); the backward in place."""
+    B, n = 203, 3
+    W = -(-(H + 1) // 4) * 4
+    pv = np.concatenate([np.concatenate([_rand(rng, B, H, scale=6.0), _rand(rng, B, H)], axis=1) for _ in range(n)],
+                        axis=1)
+    dh = _rand(rng, B, n * H)
+    wide_pv = nan_like(cp, (B, 2 * H * (n + 1)))
+    wide_pv[:, 2 * H :] = to_dev(cp, pv)
+    wide_h = nan_like(cp, (B, W * (n + 1)))
+    h = K.glu_forward(wide_pv[:, 2 * H :], width=W, blocks=n, h=wide_h[:, W:])
+    _, rh, _ = R.glu_forward(host64(pv), W, n)
+    assert_close("h", h, rh, TOL)
+    assert np.isnan(host64(wide_h)[:, :W]).all()
+    wide_dh = nan_like(cp, (B, H * (n + 2)))
+    wide_dh[:, H : H * (n + 1)] = to_dev(cp, dh)
+    dpv = K.glu_backward(wide_dh[:, H : H * (n + 1)], wide_pv[:, 2 * H :], blocks=n, dpv=wide_pv[:, 2 * H :])
+    assert_close("dpv", dpv, R.glu_backward(host64(dh), host64(pv), n), TOL)
+    assert np.isnan(host64(wide_pv)[:, : 2 * H]).all()
+    with pytest.raises(ValueError, match="3 joint blocks"):
+        K.glu_forward(wide_pv[:, : 2 * H * 2], blocks=3)
+
+
 @pytest.mark.parametrize("B,H", SHAPES)
 def test_bias_relu_forward_in_place(cp, rng, B, H):
     x, b = _rand(rng, B, H), _rand(rng, H)
@@ -107,11 +132,21 @@ def test_pack_rows(cp, rng, counts):
     assert np.array_equal(host64(K.pack_rows([to_dev(cp, xs[0])], S)), host64(xs[0]))
 
 
+@pytest.mark.parametrize("n", [4096 * 3 + 64, 1001])  # float4 kernel, CuPy's copy
+def test_copy_of_flat_buffers(cp, rng, n):
+    src = to_dev(cp, _rand(rng, n))
+    dst = nan_like(cp, (n,))
+    assert K.copy(dst, src) is dst
+    assert cp.array_equal(dst, src)
+    with pytest.raises(ValueError, match="copy: dst has shape"):
+        K.copy(cp.zeros(n + 1, cp.float32), src)
+
+
 def test_elementwise_wrappers_check_shapes(cp):
     x = cp.zeros((4, 8), cp.float32)
     with pytest.raises(ValueError, match="bias_relu_forward: bias has shape"):
         K.bias_relu_forward(x, cp.zeros(7, cp.float32))
-    with pytest.raises(ValueError, match="glu_backward: dh has shape"):
+    with pytest.raises(ValueError, match=r"glu_backward: dh must be a \[4, 4\] float32 matrix"):
         K.glu_backward(cp.zeros((4, 7), cp.float32), x)
     with pytest.raises(ValueError, match="glu_forward: pv has 7 columns"):
         K.glu_forward(cp.zeros((4, 7), cp.float32))

@@ -162,6 +162,14 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
     assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, A), TOL)
     assert_close("loss", got[2], rloss, TOL)
     assert_close("entropy", got[3], rent, TOL)
+    # The update's form: E[m] (the auxiliary loss's target) instead of m itself.
+    m_mean = nan_like(cp, (B, D))
+    again = K.c51_target_loss(to_dev(cp, tgt), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
+                              to_dev(cp, z), 0.01, next_action=cp.asarray(a_next), action=cp.asarray(a_taken),
+                              offsets=offsets, dlogits_full=True, write_m=False, m_mean=m_mean)
+    assert again[0] is None
+    assert_close("E[m]", m_mean, (rm * host64(z)).sum(-1), TOL)
+    assert_close("dlogits (no m)", again[1], R.scatter_actions(rdl, a_taken, A), TOL)
 
 
 @pytest.mark.parametrize("N,offsets", LAYOUTS)
@@ -182,7 +190,9 @@ def test_dueling_forward_in_segments(cp, rng, N, offsets):
     outs = dict(log_probs=nan_like(cp, (S, A, N)), probs=nan_like(cp, (B, A, N)), q=nan_like(cp, (B, A)),
                 var=nan_like(cp, (S, A)))
     zwide = nan_like(cp, (B, 12))
-    dv, dadv, dz = to_dev(cp, v_pad), to_dev(cp, R.columns_from_adv(adv, offsets)), to_dev(cp, z)
+    vwide = nan_like(cp, (B, Nv + 20))  # v as a column block of a wider array (the network's head)
+    vwide[:, 8 : 8 + Nv] = to_dev(cp, v_pad)
+    dv, dadv, dz = vwide[:, 8 : 8 + Nv], to_dev(cp, R.columns_from_adv(adv, offsets)), to_dev(cp, z)
     K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(0, 1), segments=wants, zq=zwide[:, 5 : 5 + offsets[1]],
                               zq_scale=0.25, **outs)
     K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(1, D), segments=wants, **outs)
@@ -318,3 +328,96 @@ def test_stacked_matmul_over_parameter_trees(cp, rng, lt, epilogue):
             cublas.matmul(to_dev(cp, a[:-1]), trees[0].tree["core"]["w"], stack=(3, trees[0].size))
     finally:
         cublaslt.set_enabled(True)
+
+
+@pytest.mark.parametrize("lt", [True, False], ids=["cublaslt", "gemmex"])
+def test_batched_matmul_over_column_blocks(cp, rng, lt):
+    """``batch=(n, stride_a, stride_b, stride_out)``: the backward's advantage-layer input
+    gradients of three branches at once — each branch's gradient columns times the transpose of
+    its weight columns, into its block of a [B, branches x H] buffer."""
+    cublas = _fp32()
+    from foxhunt_core.gpu import cublaslt
+
+    cublaslt.set_enabled(lt)
+    try:
+        B, H, w, n = 150, 24, 12, 3
+        dadv = rng.normal(size=(B, (n + 1) * w))
+        wout = rng.normal(size=(H + 4, (n + 1) * w))  # rows: H weights, then padding and the bias
+        out = nan_like(cp, (B, (n + 1) * H))
+        d_dadv, d_wout = to_dev(cp, dadv), to_dev(cp, wout)
+        cublas.matmul(d_dadv[:, w : 2 * w], d_wout[:H, w : 2 * w].T, out=out[:, H : 2 * H], batch=(n, w, w, H))
+        a32, w32 = host64(dadv.astype(np.float32)), host64(wout.astype(np.float32))
+        for i in range(1, n + 1):
+            ref = a32[:, i * w : (i + 1) * w] @ w32[:H, i * w : (i + 1) * w].T
+            assert_close(f"branch {i}", out[:, i * H : (i + 1) * H], ref, 1e-6)
+        assert np.isnan(host64(out)[:, :H]).all()
+        with pytest.raises(ValueError, match="batch needs"):
+            cublas.matmul(d_dadv[:, :w], d_wout[:H, :w].T, batch=(n, w, w, H))
+    finally:
+        cublaslt.set_enabled(True)
+
+
+@pytest.mark.parametrize("N,offsets", LAYOUTS)
+def test_dueling_backward_reads_dq_from_a_scaled_view(cp, rng, N, offsets):
+    """The direction pass reads the direction Q's gradient straight from its columns of a wider
+    array (the network's dz), times a scale (1 / q_scale)."""
+    B, A = 97, offsets[-1]
+    n0 = offsets[1]
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    _, probs, q, _ = R.dueling_softmax_forward(rng.normal(size=(B, N)), rng.normal(size=(B, A, N)), z, offsets)
+    probs, q = probs.astype(np.float32), q.astype(np.float32)
+    dlogits = rng.normal(size=(B, A, N)).astype(np.float32)
+    cols = rng.normal(size=(B, n0)).astype(np.float32)
+    wide = nan_like(cp, (B, n0 + 9))
+    wide[:, 5 : 5 + n0] = to_dev(cp, cols)
+    dvwide, dadv = nan_like(cp, (B, N + 7)), nan_like(cp, (B, A, N))
+    dv = dvwide[:, 3 : 3 + N]  # dv into a column block of a wider array (the network's head)
+    K.dueling_backward(to_dev(cp, dlogits), to_dev(cp, z), offsets, branches=(0, 1), dq=wide[:, 5 : 5 + n0],
+                       dq_scale=0.25, probs=to_dev(cp, probs), q=to_dev(cp, q), dv=dv, dadv=dadv)
+    assert np.isnan(host64(dvwide)[:, :3]).all() and np.isnan(host64(dvwide)[:, 3 + N :]).all()
+    full = np.zeros((B, A))
+    full[:, :n0] = 0.25 * host64(cols)
+    only_dir = np.zeros_like(dlogits)
+    only_dir[:, :n0] = dlogits[:, :n0]
+    rdv, rdadv = R.dueling_backward(host64(only_dir), offsets, full, host64(probs), host64(q), host64(z))
+    assert_close("dv", dv, rdv, TOL)
+    assert_close("dadv (direction)", host64(dadv)[:, :n0], rdadv[:, :n0], TOL)
+    with pytest.raises(ValueError, match="dq must be"):
+        K.dueling_backward(to_dev(cp, dlogits), to_dev(cp, z), offsets, branches=(0, 2), dq=wide[:, 5 : 5 + n0],
+                           probs=to_dev(cp, probs), q=to_dev(cp, q))
+
+
+@pytest.mark.parametrize("offsets", [(0, 3, 6, 9, 12), (0, 2, 5, 7)])
+def test_branch_argmax(cp, rng, offsets):
+    """The greedy action of each branch: the first of ties (values drawn from a few levels, so
+    ties are common) and a NaN winning, as numpy.argmax; within the branch or absolute."""
+    from foxhunt_core.qpipe import branch_argmax
+
+    B, A = 501, offsets[-1]
+    values = rng.integers(0, 3, size=(B, A)).astype(np.float32)
+    values[7, 1] = np.nan
+    values[8, :] = np.nan
+    ref = branch_argmax(values, offsets)
+    got = K.branch_argmax(to_dev(cp, values), offsets, out=cp.full((B, len(offsets) - 1), -7, dtype=cp.int64))
+    assert np.array_equal(got.get(), ref)
+    absolute = K.branch_argmax(to_dev(cp, values), offsets, absolute=True)
+    assert np.array_equal(absolute.get(), ref + np.asarray(offsets[:-1]))
+
+
+@pytest.mark.parametrize("offsets", [(0, 3, 6, 9, 12), (0, 2, 5, 7)])
+def test_aux_error(cp, rng, offsets):
+    """The auxiliary loss's squared error at the taken actions and its gradient over all actions."""
+    B, A = 311, offsets[-1]
+    D = len(offsets) - 1
+    sizes = np.diff(offsets)
+    values = rng.normal(size=(B, A)).astype(np.float32)
+    target = rng.normal(size=(B, D)).astype(np.float32)
+    act = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    err2, dv = K.aux_error(to_dev(cp, values), cp.asarray(act), to_dev(cp, target), 0.3, offsets,
+                           err2=nan_like(cp, (B, D)), dvalues=nan_like(cp, (B, A)))
+    e = np.take_along_axis(host64(values), act, axis=1) - host64(target)
+    ref = np.zeros((B, A))
+    np.put_along_axis(ref, act, 0.3 * e, axis=1)
+    assert_close("err2", err2, e * e, TOL)
+    assert_close("dvalues", dv, ref, TOL)
+    assert (host64(dv)[ref == 0.0] == 0.0).all()

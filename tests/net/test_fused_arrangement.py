@@ -73,11 +73,11 @@ def _kernels() -> types.SimpleNamespace:
         keep = h2.shape[0] if keep_rows is None else keep_rows
         return (_put(m, rm[:keep]) if keep else None), _put(z, rz)
 
-    def glu_forward(pv, *, width=None, h=None):
-        return _put(h, R.glu_forward(pv, width)[1])
+    def glu_forward(pv, *, width=None, blocks=1, h=None):
+        return _put(h, R.glu_forward(pv, width, blocks)[1])
 
-    def glu_backward(dh, pv, *, dpv=None):
-        return _put(dpv, R.glu_backward(dh, pv))
+    def glu_backward(dh, pv, *, blocks=1, dpv=None):
+        return _put(dpv, R.glu_backward(dh, pv, blocks))
 
     def pack_rows(sources, width, *, out=None):
         return _put(out, R.pack_rows(sources, width))
@@ -109,8 +109,13 @@ def _kernels() -> types.SimpleNamespace:
             zq[...] = ref[2][:, : offsets[1]] * zq_scale
         return log_probs, probs, q, var
 
-    def dueling_backward(dlogits, z, offsets, *, branches=None, accumulate_dv=False, dq=None, probs=None,
-                         q=None, dv=None, dadv=None, padded=False):
+    def dueling_backward(dlogits, z, offsets, *, branches=None, accumulate_dv=False, dq=None, dq_scale=1.0,
+                         probs=None, q=None, dv=None, dadv=None, padded=False):
+        if dq is not None:  # any view covering the branches' actions, read times dq_scale
+            end = offsets[(branches or (0, len(offsets) - 1))[1]]
+            full = np.zeros(dlogits.shape[:2])
+            full[:, :end] = dq[:, :end] * dq_scale
+            dq = full
         rdv, rdadv = R.dueling_backward(dlogits, offsets, dq, probs, q, z, branches)
         d0, d1 = branches or (0, len(offsets) - 1)
         full = np.full(dlogits.shape, np.nan)
@@ -133,17 +138,17 @@ def _kernels() -> types.SimpleNamespace:
 
 
 def _blas() -> types.SimpleNamespace:
-    def matmul(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None):
+    def matmul(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None, batch=None):
+        if batch is not None and batch[0] > 1:  # product i: each operand i * its stride further on
+            for i in range(batch[0]):
+                ai, bi, oi = (_nth(x, i * st) for x, st in zip((a, b, out), batch[1:]))
+                matmul(ai, bi, out=oi, beta=beta)
+            return out
         if stack is not None and stack[1]:  # part i of a's rows times the tree i * stride after b
             count, stride = stack
             part = a.shape[0] // count
-
-            def nth(x, i):  # the same view, i * stride elements further into its buffer
-                return np.ndarray(x.shape, x.dtype, buffer=_base(x), offset=_offset(x) + i * stride * x.itemsize,
-                                  strides=x.strides)
-
-            r = np.concatenate([a[i * part:(i + 1) * part] @ nth(b, i)
-                                + (0.0 if bias is None else nth(bias, i)) for i in range(count)])
+            r = np.concatenate([a[i * part:(i + 1) * part] @ _nth(b, i * stride)
+                                + (0.0 if bias is None else _nth(bias, i * stride)) for i in range(count)])
             bias = None
         else:
             r = a @ b
@@ -159,6 +164,11 @@ def _blas() -> types.SimpleNamespace:
         return np.ones((1, rows))
 
     return types.SimpleNamespace(matmul=matmul, ones_row=ones_row)
+
+
+def _nth(x, elements):
+    """The same view as ``x``, ``elements`` further into its buffer."""
+    return np.ndarray(x.shape, x.dtype, buffer=_base(x), offset=_offset(x) + elements * x.itemsize, strides=x.strides)
 
 
 def _base(x):
@@ -223,6 +233,17 @@ def test_storage_spec_pads_and_joins_the_weights(numpy_fused):
     # Plain parameters: the same block, assembled.
     plain = {k: np.array(v) for k, v in core.items()}
     np.testing.assert_array_equal(fused._block(plain, net, "branch1.w_gate"), w)
+    # Without branch-input columns every branch's GLU weights share one block, and every
+    # branch's advantage weights another: one GEMM serves several branches.
+    net = _net(False)
+    spec = fused.storage_shapes(net)
+    assert fused.joint(net) and not fused.joint(_net(True))
+    assert spec["branch0.w_gate"] == (20, 4 * 24) and spec["branch2.w_val"] == Shared("branch0.w_gate", 60)
+    assert spec["branch3.b_gate"] == Shared("branch0.w_gate", 72, 19)
+    assert spec["branch0.w_out"] == (16, 4 * 36) and spec["branch1.w_out"] == Shared("branch0.w_out", 36)
+    assert spec["branch1.b_out"] == Shared("branch0.w_out", 36, 15)
+    assert spec["branch1.w_gate"] == Shared("branch0.w_gate", 24)
+    assert fused.branch_groups(net) == [(0,), (1, 2, 3)] and fused.branch_groups(_net(True)) == [(0,), (1,), (2,), (3,)]
 
 
 def _assert_padding_zero(flat):
@@ -330,9 +351,9 @@ def test_stacked_trees_run_as_one_forward(numpy_fused, monkeypatch):
     stacks = []
     real = fused.cublas.matmul
 
-    def counting(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None):
+    def counting(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None, batch=None):
         stacks.append(stack)
-        return real(a, b, out=out, beta=beta, bias=bias, relu=relu, stack=stack)
+        return real(a, b, out=out, beta=beta, bias=bias, relu=relu, stack=stack, batch=batch)
 
     monkeypatch.setattr(fused.cublas, "matmul", counting)
     obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
@@ -361,3 +382,30 @@ def test_stacked_trees_run_as_one_forward(numpy_fused, monkeypatch):
     assert all(s is None for s in stacks) and [o.q.shape[0] for o in outs] == [6, 4, 6]
     np.testing.assert_allclose(outs[2].probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(outs[1].q, (net.forward(tree, nxt[:4]).probs * net.support64).sum(-1), rtol=1e-10)
+
+
+def test_the_large_batch_arrangement(numpy_fused, monkeypatch):
+    """Past the row threshold (set to zero here) the update's forwards over stacked trees run as
+    the online forwards together and the target's apart: the same results."""
+    monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)
+    rng = np.random.default_rng(9)
+    net = _net(False)
+    tree, other = _flat_params(net, rng).tree, _flat_params(net, rng).tree
+    online, copy, target = FlatTree.stacked(3, {o: {k: v.shape for k, v in s.items()} for o, s in tree.items()},
+                                            dtype=np.float64, storage={"core": fused.storage_shapes(net)})
+    for t, src in ((online, tree), (copy, tree), (target, other)):
+        t.load(src)
+    obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
+    got, got_next, got_target = numpy_fused.forward_segments(
+        net, [(online.tree, obs, ()), (online.tree, nxt, ("q",)), (target.tree, nxt, ("probs",))], keep_cache=True)
+    ref = net.forward(online.tree, obs, keep_cache=True)
+    np.testing.assert_allclose(got.log_probs, ref.log_probs, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_next.q, (net.forward(tree, nxt).probs * net.support64).sum(-1), rtol=1e-10)
+    np.testing.assert_allclose(got_target.probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
+    dlogits = rng.normal(size=ref.log_probs.shape)
+    g_ref = net.backward(online.tree, ref, dlogits)
+    slots = online.zeros_like()
+    g_got = numpy_fused.backward(net, online.tree, got, dlogits, grads_into=slots.tree)
+    for k, v in g_ref["core"].items():
+        np.testing.assert_allclose(g_got["core"][k], v, rtol=1e-9, atol=1e-12, err_msg=k)
+    _assert_padding_zero(slots)
