@@ -7,18 +7,20 @@ as few launches as possible:
 * **Biases ride in the GEMMs.** Where a layer's input is written by one of our kernels, the
   input carries a column of ones (``[x, 0, ..., 0, 1]``, "augmented") and the layer's bias is
   the last row of its weight block in the flat parameter buffer (:func:`storage_shapes`). The
-  forward GEMM then adds the bias, and the backward's weight-gradient GEMM writes the bias
-  gradient in the same call: no column-sum kernels and no bias reads in the kernels for the
-  first trunk layer, the value head, the GLUs and the advantage layers. (The other two trunk
-  layers take their input from a GEMM: their bias rides in cuBLASLt's epilogue.)
+  backward's weight-gradient GEMM then writes the bias gradient in the same call: no
+  column-sum kernels for the first trunk layer, the value head, the GLUs and the advantage
+  layers. In the forward the GEMMs read that row as cuBLASLt's epilogue bias over K = 256 (an
+  extra K column costs a whole extra k-step per tile), except the first trunk layer and the GEMM
+  that needs the direction-Q columns anyway, which take the ones column. (The other two trunk
+  layers take their input from a GEMM: their bias rides in the epilogue, its gradient is a gemv.)
 * **One augmented z for every head.** ``z`` is written ``[z, q_dir / q_scale, 0, ..., 0, 1]``:
   the magnitude branch's input columns (the direction branch's E[Q], written there by the
   direction branch's dueling kernel) sit in ``z`` itself, so the magnitude branch's GEMMs are
   the same as every branch's. The other heads' weight blocks have zero rows there.
-* **Each GLU's gate and value weights side by side** in one [K, 2H] block: one GEMM computes both
-  pre-activations; the backward has one weight-gradient GEMM and one input-gradient GEMM
-  (K = 2H, all of the augmented z's columns at once) per branch. The GLU kernel writes only
-  the augmented ``h``; the backward recomputes gate and value from the GEMM output it keeps.
+* **Each GLU's gate and value weights side by side** ``[W_gate | W_val]``: one GEMM computes
+  both pre-activations; the backward has one weight-gradient GEMM and one input-gradient GEMM
+  (K = 2H per branch, all of the augmented z's columns at once). The GLU kernel writes only the
+  augmented ``h``; the backward recomputes gate and value from the GEMM output it keeps.
 * **Aligned extents.** The 51-column value head and each branch's 153-column advantage block are
   computed 52 and 156 columns wide over zero-padded weights, every augmented input is a
   multiple of 4 wide: cuBLAS runs a GEMM on its aligned kernels only when every extent is a
@@ -28,9 +30,12 @@ as few launches as possible:
 * **Several forwards as one** (:func:`forward_segments`): the update's online forwards on s and
   s' share the weights, and with the target network's parameters in a stacked buffer
   (:meth:`foxhunt_core.gpu.flat.FlatTree.stacked`) its forward on s' runs in the same
-  strided-batched GEMMs and kernels too. Each forward (segment) writes only what its caller
-  reads: the bootstrap needs only E[Q] from the online network and the probabilities from the
-  target network.
+  strided-batched GEMMs and kernels too (up to :data:`STACK_MAX_ROWS` rows; beyond, plain GEMMs
+  are faster). Each forward (segment) writes only what its caller reads: the bootstrap needs
+  only E[Q] from the online network and the probabilities from the target network.
+* **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
+  advantage layer's another, so the branches after the direction branch run their GLUs as one
+  GEMM and one kernel, forward and backward.
 * The advantage GEMMs write straight into one advantage buffer; the backward accumulates input
   gradients in place (GEMMs with ``beta = 1``) and writes the weight gradients straight into the
   optimizer's flat gradient buffer (``grads_into``).

@@ -334,20 +334,23 @@ def test_forward_carries_the_next_observations_along(numpy_fused):
     assert out.q_next is None and not numpy_fused.pairs(staged) and numpy_fused.pairs(net)
 
 
-def test_stacked_trees_run_as_one_forward(numpy_fused, monkeypatch):
+@pytest.mark.parametrize("large", [False, True], ids=["stacked", "past-the-row-threshold"])
+def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
     """The update's three forwards — online on s (kept for backward), online on s' (E[Q] only),
-    target on s' (probabilities only) — over parameter trees stacked in one allocation run as
-    strided-batched GEMMs, and each gives what its own forward gives."""
+    target on s' (probabilities only). Over parameter trees stacked in one allocation they run as
+    strided-batched GEMMs; past the row threshold (set to zero here) the online forwards run as
+    one and the target's apart, as the agent calls them then. Each gives what its own forward
+    gives, and the backward of the first what the reference backward gives."""
     rng = np.random.default_rng(5)
     net = _net(False)
     tree = _flat_params(net, rng).tree
     other = _flat_params(net, rng).tree  # the target network: other values
-    spec = {"core": fused.storage_shapes(net)}
     online, copy, target = FlatTree.stacked(3, {o: {k: v.shape for k, v in s.items()} for o, s in tree.items()},
-                                            dtype=np.float64, storage=spec)
-    online.load(tree)
-    copy.load(tree)
-    target.load(other)
+                                            dtype=np.float64, storage={"core": fused.storage_shapes(net)})
+    for t, src in ((online, tree), (copy, tree), (target, other)):
+        t.load(src)
+    if large:
+        monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)
     stacks = []
     real = fused.cublas.matmul
 
@@ -357,10 +360,14 @@ def test_stacked_trees_run_as_one_forward(numpy_fused, monkeypatch):
 
     monkeypatch.setattr(fused.cublas, "matmul", counting)
     obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
+    twin = online if large else copy
     got, got_next, got_target = numpy_fused.forward_segments(
-        net, [(online.tree, obs, ("log_probs",)), (copy.tree, nxt, ("q",)), (target.tree, nxt, ("probs",))],
+        net, [(online.tree, obs, ("log_probs",)), (twin.tree, nxt, ("q",)), (target.tree, nxt, ("probs",))],
         keep_cache=True)
-    assert (3, online.size) in stacks and all(s in (None, (3, online.size)) for s in stacks)
+    if large:
+        assert all(s is None for s in stacks)
+    else:
+        assert (3, online.size) in stacks and all(s in (None, (3, online.size)) for s in stacks)
     ref = net.forward(online.tree, obs, keep_cache=True)
     np.testing.assert_allclose(got.log_probs, ref.log_probs, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got.probs, ref.probs, rtol=1e-10, atol=1e-14)
@@ -382,30 +389,3 @@ def test_stacked_trees_run_as_one_forward(numpy_fused, monkeypatch):
     assert all(s is None for s in stacks) and [o.q.shape[0] for o in outs] == [6, 4, 6]
     np.testing.assert_allclose(outs[2].probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(outs[1].q, (net.forward(tree, nxt[:4]).probs * net.support64).sum(-1), rtol=1e-10)
-
-
-def test_the_large_batch_arrangement(numpy_fused, monkeypatch):
-    """Past the row threshold (set to zero here) the update's forwards over stacked trees run as
-    the online forwards together and the target's apart: the same results."""
-    monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)
-    rng = np.random.default_rng(9)
-    net = _net(False)
-    tree, other = _flat_params(net, rng).tree, _flat_params(net, rng).tree
-    online, copy, target = FlatTree.stacked(3, {o: {k: v.shape for k, v in s.items()} for o, s in tree.items()},
-                                            dtype=np.float64, storage={"core": fused.storage_shapes(net)})
-    for t, src in ((online, tree), (copy, tree), (target, other)):
-        t.load(src)
-    obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
-    got, got_next, got_target = numpy_fused.forward_segments(
-        net, [(online.tree, obs, ()), (online.tree, nxt, ("q",)), (target.tree, nxt, ("probs",))], keep_cache=True)
-    ref = net.forward(online.tree, obs, keep_cache=True)
-    np.testing.assert_allclose(got.log_probs, ref.log_probs, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(got_next.q, (net.forward(tree, nxt).probs * net.support64).sum(-1), rtol=1e-10)
-    np.testing.assert_allclose(got_target.probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
-    dlogits = rng.normal(size=ref.log_probs.shape)
-    g_ref = net.backward(online.tree, ref, dlogits)
-    slots = online.zeros_like()
-    g_got = numpy_fused.backward(net, online.tree, got, dlogits, grads_into=slots.tree)
-    for k, v in g_ref["core"].items():
-        np.testing.assert_allclose(g_got["core"][k], v, rtol=1e-9, atol=1e-12, err_msg=k)
-    _assert_padding_zero(slots)
