@@ -189,11 +189,14 @@ def numpy_fused(monkeypatch):
     return fused
 
 
-def _net(stages: bool) -> BranchingC51:
+def _net(stages: bool | str) -> BranchingC51:
+    """The core network; with ``stages`` a gate plugin and branch-input columns, or only one of
+    them (``"gate"``: the joint weight blocks with the plugin's gate; ``"columns"``: per-branch
+    blocks with the sigmoid gate)."""
     s = NetSettings(shared_h1=24, shared_h2=16, adv_h=12, num_atoms=11)
-    if stages:
-        return BranchingC51(s, gate=TanhGateStage(), branch_inputs=[WideColumns()])
-    return BranchingC51(s)
+    gate = TanhGateStage() if stages in (True, "gate") else None
+    columns = [WideColumns()] if stages in (True, "columns") else []
+    return BranchingC51(s, gate=gate, branch_inputs=columns)
 
 
 def _flat_params(net: BranchingC51, rng, padded: bool = True) -> dict:
@@ -266,7 +269,7 @@ def _assert_padding_zero(flat):
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded-storage", "plain-storage"])
-@pytest.mark.parametrize("stages", [False, True], ids=["core", "gate+columns"])
+@pytest.mark.parametrize("stages", [False, True, "gate", "columns"], ids=["core", "gate+columns", "gate", "columns"])
 def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, padded):
     rng = np.random.default_rng(7)
     net = _net(stages)
