@@ -217,10 +217,10 @@ def _stride(net: Any, trees: Sequence[dict]) -> int | None:
     otherwise."""
     if all(t is trees[0] for t in trees):
         return 0
-    names = list(blocks(net)) + ["trunk.w2", "trunk.b2", "vsn.w", "vsn.b"]
+    homes = set(blocks(net))
     stride = None
-    for name in names:
-        arrays = [storage_of(t["core"], name) if name in blocks(net) else t["core"][name] for t in trees]
+    for name in [*homes, "trunk.w2", "trunk.b2", "vsn.w", "vsn.b"]:
+        arrays = [storage_of(t["core"], name) if name in homes else t["core"][name] for t in trees]
         if any(a is None or a.shape != arrays[0].shape or a.strides != arrays[0].strides for a in arrays):
             return None
         ptrs = [_address(a) for a in arrays]
