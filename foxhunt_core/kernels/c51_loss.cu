@@ -4,31 +4,48 @@
 // NumPy twins: foxhunt_core/c51.py (project, loss_and_grad) and the scaling by 1 / (B * D) in
 // foxhunt_core/agent.py (Agent.loss_and_grads). Launch wrapper: foxhunt_core/gpu/kernels.py.
 //
-// Thread mapping: one warp per row (b, d) at a time, lane l holds atoms l, l + 32, ...
-// The projection is written as a gather rather than a scatter, which is the same Eq. 7:
-//   b_j = clip((clip(r + gamma_b z_j, v_min, v_max) - v_min) / dz, 0, N - 1)
-//   m_i = sum_j p_j * max(0, 1 - |b_j - i|)
-// For fractional b_j this gives (up - b_j) to low = floor(b_j) and (b_j - low) to up = low + 1;
-// when b_j lands exactly on an atom (low == up) the whole mass goes to that atom -- the case
-// the scatter form must special-case. The gather needs no atomics and is deterministic.
-// b_j is monotone in j (an affine map of z_j, clipped; IEEE rounding keeps it monotone), so the
-// atoms j with |b_j - i| < 1 are one contiguous run: each target atom finds the start of its run
-// by binary search and sums only the run (the terms it skips are exactly zero).
+// The projection, Eq. 7 written per shifted atom j:
+//   b_j = clip((clip(r + gamma_b z_j, v_min, v_max) - v_min) / dz, 0, N - 1),  k_j = floor(b_j)
+//   m_i = sum_j p_j max(0, 1 - |b_j - i|)
+//       = sum_{j: k_j = i} p_j (1 - (b_j - k_j)) + sum_{j: k_j = i - 1} p_j (b_j - k_j)
+// For fractional b_j the mass splits between k_j and k_j + 1; when b_j lands exactly on an atom
+// the whole mass goes to it (weight 1 - 0) and nothing to the next -- the case the scatter form
+// must special-case. b_j is monotone in j (an affine map of z_j, clipped; IEEE rounding keeps it
+// monotone), so the atoms with one key k form a contiguous run: the two sums of each run, L_k
+// and U_k, are taken by a segmented reduction over the warp (no atomics, deterministic), written
+// to slot k of two shared arrays (U one slot up), and m_i = L_i + U_{i-1}.
+//
+// Thread mapping: one warp per row (b, d) at a time, lane l holds the APL consecutive atoms
+// APL l .. APL l + APL - 1 (consecutive, so that a lane sums the part of a run it holds in
+// registers and the warp only joins the parts across lanes). Rows are walked with a grid stride;
+// the inputs of the next row and the action indices of the row after it are loaded while a row
+// is worked on.
 
 #include "sizes.cuh"
 
-#define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
+#define C51_APL ((NUM_ATOMS + 31) / 32)  // atoms per lane
+#define C51_LANES ((NUM_ATOMS + C51_APL - 1) / C51_APL)  // lanes that hold atoms
+#define C51_SLOTS (32 * C51_APL)
 #define C51_WARPS 8   // warps per block: the wrapper launches 256 threads
+// Blocks per SM that __launch_bounds__ guarantees (the wrapper launches 4 per SM): 64 registers;
+// past 64 atoms 80, which the longer per-lane arrays need to stay out of local memory.
+#define C51_BLOCKS_PER_SM (C51_APL <= 2 ? 4 : 3)
 #define FULL_MASK 0xffffffffu
 
 // Branch boundaries, read only when dlogits_full (the wrapper then compiles with the layout).
 __constant__ int kC51BranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
-    return x;
-}
+// A row's place: its index in [B * D], its sample b and its branch d.
+struct C51Pos {
+    unsigned row, b, d;
+};
+
+// What a row reads, loaded one row ahead of its turn.
+struct C51Inputs {
+    float lp[C51_APL];  // log-probabilities of the taken action
+    float pn[C51_APL];  // target probabilities of the bootstrap action
+    float r, g;         // reward, discount
+};
 
 // m = project(p_next, reward, discount); loss = CE(m, p) - beta H(p);
 // dlogits = grad_scale * ((p - m) + beta p (log p + H)), p = exp(log_probs).
@@ -38,7 +55,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 // next_action[b, d] / action[b, d] (absolute indices); without, they are [B, D, N] already
 // gathered. With dlogits_full, the gradient is written over all A actions of [B, A, N]: the
 // taken action's row, zeros for the branch's other actions (no separate scatter).
-extern "C" __global__ void c51_target_loss(
+// Indices are 32-bit up to the element offsets (B * max(A, D) < 2^32).
+extern "C" __global__ void __launch_bounds__(C51_WARPS * 32, C51_BLOCKS_PER_SM) c51_target_loss(
     const float* __restrict__ p_next,     // [B, D, N], or [B, A, N] with next_action
     const long long* __restrict__ next_action,  // [B, D] or null
     const float* __restrict__ reward,     // [B]
@@ -55,115 +73,221 @@ extern "C" __global__ void c51_target_loss(
     float* __restrict__ m_mean,           // [B, D] E[m] = sum_i m_i z_i, or null
     int batch, int num_branches, int num_actions, int dlogits_full)
 {
-    __shared__ float s_b[C51_WARPS][NUM_ATOMS];
-    __shared__ float s_p[C51_WARPS][NUM_ATOMS];
+    // L_k at slot k, U_k at slot k + 1, zero where no run has that key (each reader clears its
+    // slots after use); slot C51_SLOTS + lane takes the stores of a lane that has nothing to write.
+    __shared__ __align__(16) float s_low[C51_WARPS][C51_SLOTS + 32];
+    __shared__ __align__(16) float s_up[C51_WARPS][C51_SLOTS + 32];
     const int lane = threadIdx.x & 31;
     const int w = threadIdx.x >> 5;
+    const int e0 = C51_APL * lane;  // this lane's first atom
     const float entropy_coeff = *entropy_coeff_ptr;
     const float v_min = z[0];
     const float v_max = z[NUM_ATOMS - 1];
     const float dz = (v_max - v_min) / (float)(NUM_ATOMS - 1);
-    const long long rows = (long long)batch * num_branches;
-
-    // Each warp walks rows with a grid stride and loads the next row's probabilities before
-    // working on this one (their latency overlaps the projection).
-    const long long stride = (long long)gridDim.x * C51_WARPS;
-    long long row = (long long)blockIdx.x * C51_WARPS + w;
-    float lp_next[ATOMS_PER_LANE], pn_next[ATOMS_PER_LANE];
-    auto fetch = [&](long long r) {
-        const long long b = r / num_branches;
-        const long long lb = action != nullptr ? (b * num_actions + action[r]) * NUM_ATOMS : r * NUM_ATOMS;
-        const long long pb = next_action != nullptr ? (b * num_actions + next_action[r]) * NUM_ATOMS : r * NUM_ATOMS;
+    const float inv_dz = 1.0f / dz;
+    // Atoms past N - 1 (padding) repeat the last one with no mass: their key is the last atom's,
+    // they never start a run and add nothing.
+    float zl[C51_APL];
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int i = lane + 32 * k;
-            lp_next[k] = i < NUM_ATOMS ? log_probs[lb + i] : 0.0f;
-            pn_next[k] = i < NUM_ATOMS ? p_next[pb + i] : 0.0f;
+    for (int t = 0; t < C51_APL; ++t) {
+        zl[t] = e0 + t < NUM_ATOMS ? z[e0 + t] : v_max;
+        s_low[w][e0 + t] = 0.0f;
+        s_up[w][e0 + t] = 0.0f;
+    }
+    __syncwarp();
+
+    // After the warp sums lane 0 writes H, lane 8 E[m] and lane 16 the loss CE - beta H.
+    float* const out = lane == 0 ? entropy : lane == 8 ? m_mean : lane == 16 ? loss : nullptr;
+    const float out_beta = lane == 16 ? entropy_coeff : 0.0f;
+
+    const unsigned D = (unsigned)num_branches;
+    const unsigned rows = (unsigned)batch * D;
+    const unsigned stride = gridDim.x * C51_WARPS;
+    const unsigned stride_b = stride / D, stride_d = stride % D;
+    auto advance = [&](C51Pos p) {
+        p.row += stride;
+        p.b += stride_b;
+        p.d += stride_d;
+        if (p.d >= D) {
+            p.d -= D;
+            ++p.b;
+        }
+        return p;
+    };
+    auto load_index = [&](const long long* idx, const C51Pos& p) {
+        return idx != nullptr && p.row < rows ? (int)idx[p.row] : 0;
+    };
+    auto load_inputs = [&](const C51Pos& p, int a_taken, int a_next, C51Inputs& in) {
+        // Past the last row it reads row 0 (indices 0, see load_index), which is never used.
+        const bool live = p.row < rows;
+        const unsigned b = live ? p.b : 0u, row = live ? p.row : 0u;
+        const unsigned lrow = action != nullptr ? b * num_actions + a_taken : row;
+        const unsigned prow = next_action != nullptr ? b * num_actions + a_next : row;
+        const float* lps = log_probs + (size_t)lrow * NUM_ATOMS;
+        const float* pns = p_next + (size_t)prow * NUM_ATOMS;
+        in.r = reward[b];
+        in.g = discount[b];
+#pragma unroll
+        for (int t = 0; t < C51_APL; ++t) {
+            const int e = min(e0 + t, NUM_ATOMS - 1);  // padding reads the last atom and drops it
+            const bool pad = e0 + t >= NUM_ATOMS;
+            const float lp = lps[e], pn = pns[e];
+            in.lp[t] = pad ? 0.0f : lp;
+            in.pn[t] = pad ? 0.0f : pn;
         }
     };
-    if (row < rows) fetch(row);
-    for (; row < rows; row += stride) {
-        const long long b = row / num_branches;
-        const float r = reward[b];
-        const float g = discount[b];
-        const long long base = row * NUM_ATOMS;
-        float lp[ATOMS_PER_LANE], pn[ATOMS_PER_LANE];
+
+    // Three rows in the pipeline: this one (inputs loaded), the next (its action indices loaded,
+    // its inputs loaded during this row) and the one after (its indices loaded during this row).
+    C51Pos pos;
+    pos.row = blockIdx.x * C51_WARPS + w;
+    pos.b = pos.row / D;
+    pos.d = pos.row - pos.b * D;
+    C51Pos pos1 = advance(pos);
+    int taken = load_index(action, pos);
+    C51Inputs in;
+    load_inputs(pos, taken, load_index(next_action, pos), in);
+    int taken1 = load_index(action, pos1), next1 = load_index(next_action, pos1);
+
+    while (pos.row < rows) {
+        C51Inputs in1;
+        load_inputs(pos1, taken1, next1, in1);
+        const C51Pos pos2 = advance(pos1);
+        const int taken2 = load_index(action, pos2), next2 = load_index(next_action, pos2);
+
+        // Fractional index b, key floor(b) (as a float) and the two shares of each atom this lane holds.
+        float key[C51_APL], wl[C51_APL], wu[C51_APL];
+        int slot[C51_APL];
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            lp[k] = lp_next[k];
-            pn[k] = pn_next[k];
+        for (int t = 0; t < C51_APL; ++t) {
+            const float tz = fminf(fmaxf(in.r + in.g * zl[t], v_min), v_max);
+            // (tz - v_min) / dz rounded as the division rounds: x * (1 / dz) is within an ulp and
+            // one remainder step corrects it (Markstein; x is 0 or at least an ulp of v_min), so a
+            // shift that lands on an atom gives exactly its index.
+            const float x = tz - v_min;
+            const float q0 = x * inv_dz;
+            const float q = fmaf(fmaf(-q0, dz, x), inv_dz, q0);
+            // Clip the fractional index too: (v_max - v_min) / dz can round a hair above N - 1.
+            const float b = fminf(q, (float)(NUM_ATOMS - 1));  // q >= 0 as x >= 0
+            // floor(b) for 0 <= b < 2^22: rounding b + 1.5 * 2^23 down leaves floor(b) in the low bits.
+            const float shifted = __fadd_rd(b, 12582912.0f);
+            key[t] = shifted - 12582912.0f;
+            slot[t] = __float_as_int(shifted) - __float_as_int(12582912.0f);
+            const float f = b - key[t];
+            wl[t] = in.pn[t] * (1.0f - f);
+            wu[t] = in.pn[t] * f;
         }
-        if (row + stride < rows) fetch(row + stride);  // in flight while this row is worked on
+
+        // Segmented suffix sums across lanes of each lane's head run (its leading atoms that share
+        // the first key): afterwards h = the sum from this lane's first atom to the end of its run.
+        // A run spans lanes l .. l + o only if lane l + o starts with lane l's key (monotone keys),
+        // so the doubling stops as soon as no lane's run reaches o lanes further.
+        const float kh = key[0];
+        float hl = wl[0], hu = wu[0];
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int j = lane + 32 * k;
-            if (j < NUM_ATOMS) {
-                const float tz = fminf(fmaxf(r + g * z[j], v_min), v_max);
-                // Clip the fractional index too: (v_max - v_min) / dz can round a hair above N - 1.
-                s_b[w][j] = fminf(fmaxf((tz - v_min) / dz, 0.0f), (float)(NUM_ATOMS - 1));
-                s_p[w][j] = pn[k];
+        for (int t = 1; t < C51_APL; ++t) {
+            if (key[t] == kh) {
+                hl += wl[t];
+                hu += wu[t];
+            }
+        }
+        const float kn = __shfl_down_sync(FULL_MASK, kh, 1);  // the next lane's first key
+        float ko = kn;
+        for (int o = 1;;) {
+            const bool join = lane + o < C51_LANES && ko == kh;
+            if (!__any_sync(FULL_MASK, join)) break;
+            const float al = __shfl_down_sync(FULL_MASK, hl, o);
+            const float au = __shfl_down_sync(FULL_MASK, hu, o);
+            if (join) {
+                hl += al;
+                hu += au;
+            }
+            o <<= 1;
+            if (o == 32) break;
+            ko = __shfl_down_sync(FULL_MASK, kh, o);
+        }
+        const float nl = __shfl_down_sync(FULL_MASK, hl, 1);
+        const float nu = __shfl_down_sync(FULL_MASK, hu, 1);
+        const float kp = __shfl_up_sync(FULL_MASK, key[C51_APL - 1], 1);  // the previous lane's last key
+
+        // Each run's sums, stored where it starts: the suffix of the run inside this lane, plus the
+        // next lane's head run when this lane's last run goes on into it.
+        __syncwarp();  // every lane has read the previous row's slots
+        {
+            const bool cont = lane + 1 < C51_LANES && kn == key[C51_APL - 1];
+            float sl = 0.0f, su = 0.0f;
+#pragma unroll
+            for (int t = C51_APL - 1; t >= 0; --t) {
+                const bool same = t == C51_APL - 1 ? cont : key[t + 1] == key[t];
+                sl = wl[t] + (same ? (t == C51_APL - 1 ? nl : sl) : 0.0f);
+                su = wu[t] + (same ? (t == C51_APL - 1 ? nu : su) : 0.0f);
+                const bool starts = t == 0 ? lane == 0 || kp != key[0] : key[t - 1] != key[t];
+                // U of key N - 1 is zero (b = N - 1 exactly) and lands in slot N, which only a
+                // padding atom or the spare slots read.
+                s_low[w][starts ? slot[t] : C51_SLOTS + lane] = sl;
+                s_up[w][starts ? slot[t] + 1 : C51_SLOTS + lane] = su;
             }
         }
         __syncwarp();
-        const bool ascending = s_b[w][NUM_ATOMS - 1] >= s_b[w][0];
+        float mm[C51_APL];
+#pragma unroll
+        for (int t = 0; t < C51_APL; ++t) {
+            mm[t] = s_low[w][e0 + t] + s_up[w][e0 + t];
+            s_low[w][e0 + t] = 0.0f;
+            s_up[w][e0 + t] = 0.0f;
+        }
 
-        float mm[ATOMS_PER_LANE], pp[ATOMS_PER_LANE];
+        // Padding atoms: log p = 0 and m = 0, so they add nothing to the sums.
+        float pp[C51_APL];
         float ce = 0.0f, ent = 0.0f, em = 0.0f;
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int i = lane + 32 * k;
-            float acc = 0.0f;
-            mm[k] = 0.0f;
-            pp[k] = 0.0f;
-            if (i < NUM_ATOMS) {
-                const float fi = (float)i;
-                // Index jj -> atom j such that b is non-decreasing in jj (reverse when gamma < 0).
-                int lo = 0, hi = NUM_ATOMS;  // first jj with b > i - 1
-                while (lo < hi) {
-                    const int mid = (lo + hi) >> 1;
-                    if (s_b[w][ascending ? mid : NUM_ATOMS - 1 - mid] > fi - 1.0f) hi = mid;
-                    else lo = mid + 1;
-                }
-                for (int jj = lo; jj < NUM_ATOMS; ++jj) {
-                    const int j = ascending ? jj : NUM_ATOMS - 1 - jj;
-                    const float bj = s_b[w][j];
-                    if (bj >= fi + 1.0f) break;
-                    acc += s_p[w][j] * fmaxf(0.0f, 1.0f - fabsf(bj - fi));
-                }
-                mm[k] = acc;
-                em += acc * z[i];
-                pp[k] = expf(lp[k]);
-                ce -= acc * lp[k];
-                ent -= pp[k] * lp[k];
-            }
+        for (int t = 0; t < C51_APL; ++t) {
+            pp[t] = exp2f(in.lp[t] * 1.44269504f);  // log2(e)
+            ce -= mm[t] * in.lp[t];
+            ent -= pp[t] * in.lp[t];
+            em += mm[t] * zl[t];
         }
-        ce = warp_sum(ce);
-        ent = warp_sum(ent);
-        if (m_mean != nullptr) em = warp_sum(em);
-        long long dl_base = base;
+        // The three warp sums in six shuffles: the first two steps halve the values each lane
+        // carries (ent, ce, em, 0 -> two -> one), the last three finish the sums. Then lanes 0-7
+        // hold H, 8-15 E[m], 16-23 CE.
+        const bool hi16 = (lane & 16) != 0, hi8 = (lane & 8) != 0;
+        const float x = (hi16 ? ce : ent) + __shfl_xor_sync(FULL_MASK, hi16 ? ent : ce, 16);
+        const float y = (hi16 ? 0.0f : em) + __shfl_xor_sync(FULL_MASK, hi16 ? em : 0.0f, 16);
+        float s = (hi8 ? y : x) + __shfl_xor_sync(FULL_MASK, hi8 ? x : y, 8);
+        s += __shfl_xor_sync(FULL_MASK, s, 4);
+        s += __shfl_xor_sync(FULL_MASK, s, 2);
+        s += __shfl_xor_sync(FULL_MASK, s, 1);
+        const float h = __shfl_sync(FULL_MASK, s, 0);
+
+        float* dl = dlogits + (size_t)pos.row * NUM_ATOMS;
         if (dlogits_full) {  // zero the branch's other actions; the taken one gets the gradient
-            const int d = (int)(row - b * num_branches);
-            const int a_taken = (int)action[row];
-            dl_base = (b * num_actions + a_taken) * NUM_ATOMS;
-            for (int a = kC51BranchOffsets[d]; a < kC51BranchOffsets[d + 1]; ++a) {
-                if (a == a_taken) continue;
-                for (int i = lane; i < NUM_ATOMS; i += 32) dlogits[(b * num_actions + a) * NUM_ATOMS + i] = 0.0f;
+            float* sample = dlogits + (size_t)(pos.b * num_actions) * NUM_ATOMS;
+            dl = sample + taken * NUM_ATOMS;
+            const int a0 = kC51BranchOffsets[pos.d], a1 = kC51BranchOffsets[pos.d + 1];
+#pragma unroll
+            for (int k = 0; k < MAX_BRANCH_SIZE; ++k) {
+                const int a = a0 + k;
+#pragma unroll
+                for (int t = 0; t < C51_APL; ++t) {  // lane-interleaved: each store one contiguous span
+                    const int i = lane + 32 * t;
+                    if (a < a1 && a != taken && i < NUM_ATOMS) sample[a * NUM_ATOMS + i] = 0.0f;
+                }
             }
         }
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int i = lane + 32 * k;
-            if (i < NUM_ATOMS) {
-                if (m != nullptr) m[base + i] = mm[k];
-                dlogits[dl_base + i] =
-                    grad_scale * ((pp[k] - mm[k]) + entropy_coeff * pp[k] * (lp[k] + ent));
+        for (int t = 0; t < C51_APL; ++t) {
+            if (e0 + t < NUM_ATOMS) {
+                if (m != nullptr) m[(size_t)pos.row * NUM_ATOMS + e0 + t] = mm[t];
+                dl[e0 + t] = grad_scale * ((pp[t] - mm[t]) + entropy_coeff * pp[t] * (in.lp[t] + h));
             }
         }
-        if (lane == 0) {
-            loss[row] = ce - entropy_coeff * ent;
-            entropy[row] = ent;
-            if (m_mean != nullptr) m_mean[row] = em;
-        }
-        __syncwarp();  // the next row overwrites this warp's shared slots
+        if (out != nullptr) out[pos.row] = s - out_beta * h;
+
+        pos = pos1;
+        pos1 = pos2;
+        in = in1;
+        taken = taken1;
+        taken1 = taken2;
+        next1 = next2;
     }
 }

@@ -2,6 +2,7 @@
 
 Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for m, dlogits, loss and entropy; the golden cases
 (atoms landing exactly on grid points, clipping, terminal transitions) to 1e-6 absolute.
+Outputs are poisoned with NaN, so an element the kernel does not write fails.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from foxhunt_core.net import layers as L
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
+# Samples of the test whose warps walk many rows each: more than the grid's 32 warps per SM times
+# the SMs of any current device (ROW_BLOCKS_PER_SM blocks of 8 warps), and a prime.
+MANY_ROWS_B = 9001
 
 
 def _softmax(rng, shape, scale=1.5):
@@ -79,3 +83,52 @@ def test_c51_gradient_scale_and_entropy_sign(cp, rng):
     _, d2, _, _ = K.c51_target_loss(*(to_dev(cp, a) for a in (p_next, reward, discount, logp, z)), 0.05,
                                     grad_scale=1.0)
     np.testing.assert_allclose(host64(d1) * B * D, host64(d2), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("N,offsets", [(51, (0, 3, 6, 9, 12)), (21, (0, 2, 5, 7)), (101, (0, 4, 6, 9, 12))])
+def test_c51_target_loss_many_rows_per_warp(cp, rng, N, offsets):
+    """The update's form (indexed inputs, the gradient over all actions, E[m]) with each warp
+    walking many rows, whose inputs and action indices it loads ahead: a prime batch, so the last
+    rows of the grid stride end anywhere. The transitions mix what makes the projection's runs of
+    equal keys short or long: gamma 0.99, terminal rows (every atom on one key), rewards that
+    clip many atoms at v_min or v_max, a small discount, and negative ones (keys descending)."""
+    B, A = MANY_ROWS_B, offsets[-1]
+    D = len(offsets) - 1
+    sizes = np.diff(offsets)
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    tgt = _softmax(rng, (B, A, N))
+    logp = L.log_softmax(rng.normal(0, 1.5, (B, A, N))).astype(np.float32)
+    reward = rng.uniform(-12.0, 12.0, B).astype(np.float32)
+    discount = rng.choice(np.array([0.99, 0.0, 0.3, -0.6], np.float32), size=B, p=[0.7, 0.2, 0.05, 0.05])
+    a_next = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    a_taken = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    outs = dict(m=nan_like(cp, (B, D, N)), dlogits=nan_like(cp, (B, A, N)), loss=nan_like(cp, (B, D)),
+                entropy=nan_like(cp, (B, D)), m_mean=nan_like(cp, (B, D)))
+    got = K.c51_target_loss(to_dev(cp, tgt), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
+                            to_dev(cp, z), 0.01, next_action=cp.asarray(a_next), action=cp.asarray(a_taken),
+                            offsets=offsets, dlogits_full=True, **outs)
+    rm, rdl, rloss, rent = R.c51_target_loss(
+        R.gather_actions(host64(tgt), a_next), host64(reward), host64(discount),
+        R.gather_actions(host64(logp), a_taken), host64(z), 0.01)
+    assert_close("m", got[0], rm, TOL)
+    assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, A), TOL)
+    assert_close("loss", got[2], rloss, TOL)
+    assert_close("entropy", got[3], rent, TOL)
+    assert_close("E[m]", outs["m_mean"], (rm * host64(z)).sum(-1), TOL)
+    np.testing.assert_allclose(host64(got[0]).sum(axis=-1), 1.0, atol=1e-5)
+
+
+def test_c51_projection_exact_landings_on_51_atoms(cp, rng):
+    """Unit atoms (z = -25 .. 25), integer rewards: with discount 1 every shifted atom lands on an
+    atom, with 0 the point mass does, with 0.5 every other one does and the rest split 1/2 - 1/2;
+    rewards up to +-60 pile up to every atom at v_min or v_max. All of it exact in float32, so
+    the masses must match to rounding of their sums (runs of equal keys over many lanes)."""
+    B, D, N = 257, 2, 51
+    z = np.linspace(-25.0, 25.0, N, dtype=np.float32)
+    p_next = _softmax(rng, (B, D, N))
+    reward = rng.integers(-60, 61, B).astype(np.float32)
+    discount = rng.choice(np.array([1.0, 0.0, 0.5], np.float32), size=B)
+    logp = L.log_softmax(rng.normal(0, 1.5, (B, D, N))).astype(np.float32)
+    m, _, _, _ = _run(cp, p_next, reward, discount, logp, z, 0.0)
+    ref = R.c51_target_loss(host64(p_next), host64(reward), host64(discount), host64(logp), host64(z), 0.0)[0]
+    np.testing.assert_allclose(host64(m), ref, rtol=0, atol=1e-6)
