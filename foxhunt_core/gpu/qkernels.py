@@ -5,9 +5,9 @@ wrapper                kernels (file)                   NumPy twin              
 =====================  ===============================  ==================================  =====================
 ``attention_forward``  attention_forward                ``attention.forward``               16 threads per sample
                        (``attention.cu``)                                                   (one per token)
-``attention_backward`` attention_backward,              ``attention.backward``              16 threads per sample;
-                       attention_grad_reduce,                                               block partials, then
-                       attention_grad_assemble                                              thread per entry
+``attention_backward`` attention_backward               ``attention.backward``              16 threads per sample;
+                       (or attention_backward_dq),                                          block partials, then
+                       attention_grad_reduce                                                thread per entry
 ``q_stats_reduce``     q_stats_partial,                 ``qpipe.q_statistics``              thread per sample and
                        q_stats_finalize (``qstats.cu``)                                     warp per 4 (b, a) rows;
                                                                                             warp per entry
@@ -49,23 +49,19 @@ Array = Any
 F32 = np.float32
 F64 = np.float64
 ATT_SLOTS = 16  # token slots per sample in attention.cu (so at most 16 actions)
+ATT_SAMPLES = 16  # samples per block in attention.cu (ATT_SLOTS * ATT_SAMPLES = 256 threads)
+# Blocks per SM that the kernels' __launch_bounds__ guarantee (ATT_FORWARD_BLOCKS, ATT_BACKWARD_BLOCKS)
+ATT_FORWARD_BLOCKS = 3
+ATT_BACKWARD_BLOCKS = 2
+ATT_REDUCE_THREADS = 1024  # attention_grad_reduce: 32 warps
 MAX_ATTN_DIM = 16
 
 
 # ------------------------------------------------------------------ attention.cu
 def attention_params_size(num_actions: int, dim: int) -> int:
-    """Entries of one partial row of the attention backward (see attention.cu)."""
-    return 2 * num_actions * dim + 2 * dim + num_actions
-
-
-def attention_samples_per_group(num_actions: int, dim: int) -> int:
-    """Samples per group (ATT_SAMPLES): the most of 8, 4, 2, 1 whose shared memory fits 48 KiB."""
-    A, K = num_actions, dim
-    for s in (8, 4, 2, 1):
-        words = A * K + 2 * (K + 1) * K + A + s * (3 * A + 4 * A * K + 2 * A * (A + 1))
-        if 4 * words <= 48 * 1024:
-            return s
-    raise ValueError(f"attention: {A} actions with attn_dim {K} do not fit in shared memory")
+    """Entries of one partial row of the attention backward (see attention.cu): a block's share of
+    the four parameter gradients, ``[demb | dwq | dwk | dgate]``."""
+    return num_actions * dim + 2 * (dim + 1) * dim + num_actions
 
 
 def _attention_setup(k: str, q: Array, emb: Array, wq: Array, wk: Array, gate: Array) -> tuple[int, int, int, dict]:
@@ -73,13 +69,16 @@ def _attention_setup(k: str, q: Array, emb: Array, wq: Array, wk: Array, gate: A
     B, A = q.shape
     check_array(k, "emb", emb, F32, (A, None))
     K = emb.shape[1]
-    if A > ATT_SLOTS or K > MAX_ATTN_DIM:
-        raise ValueError(f"{k}: supports at most {ATT_SLOTS} actions and attn_dim {MAX_ATTN_DIM}, got {A}, {K}")
+    if not (1 <= A <= ATT_SLOTS and 1 <= K <= MAX_ATTN_DIM):
+        raise ValueError(
+            f"{k}: supports at most {ATT_SLOTS} actions and attn_dim {MAX_ATTN_DIM} (at least 1 each), got {A}, {K}"
+        )
+    if (B + ATT_SAMPLES) * A >= 2**31:
+        raise ValueError(f"{k}: {B} samples of {A} actions are too many for 32-bit indices")
     check_array(k, "wq", wq, F32, (K + 1, K))
     check_array(k, "wk", wk, F32, (K + 1, K))
     check_array(k, "gate", gate, F32, (A,))
-    s = attention_samples_per_group(A, K)
-    return B, A, K, {"NUM_ACTIONS": A, "ATTN_DIM": K, "ATT_SAMPLES": s}
+    return B, A, K, {"NUM_ACTIONS": A, "ATTN_DIM": K}
 
 
 def attention_forward(
@@ -94,17 +93,16 @@ def attention_forward(
     qc = output(k, "qc", qc, (B, A))
     if attn is not None:
         check_array(k, "attn", attn, F32, (B, A, A))
-    s = defs["ATT_SAMPLES"]
-    grid = blocks_for(B, s, 16 * sm_count())
-    _kernel("attention.cu", k, defs)((grid,), (ATT_SLOTS * s,), (q, emb, wq, wk, gate, qc, attn, i32(B)))
+    grid = blocks_for(B, ATT_SAMPLES, ATT_FORWARD_BLOCKS * sm_count())
+    _kernel("attention.cu", k, defs)((grid,), (ATT_SLOTS * ATT_SAMPLES,), (q, emb, wq, wk, gate, qc, attn, i32(B)))
     return qc
 
 
 def attention_workspace(num_actions: int, dim: int) -> Array:
-    """Workspace of :func:`attention_backward`: ``MAX_PARTIALS`` partial rows plus the totals row."""
+    """Workspace of :func:`attention_backward`: ``MAX_PARTIALS`` partial rows (float64)."""
     import cupy
 
-    return cupy.empty((MAX_PARTIALS + 1, attention_params_size(num_actions, dim)), dtype=F64)
+    return cupy.empty((MAX_PARTIALS, attention_params_size(num_actions, dim)), dtype=F64)
 
 
 def attention_backward(
@@ -128,7 +126,8 @@ def attention_backward(
     Returns ``(dq, grads)`` with ``grads`` keyed like ``attention.init_params``
     (``attn.emb``, ``attn.wq``, ``attn.wk``, ``attn.gate``); the gradient outputs can be views
     of a flat gradient buffer. ``dq`` is computed only when it is given or ``need_dq`` is set (the
-    training step stops the gradient at the raw Q, so it usually is not).
+    training step stops the gradient at the raw Q, so it usually is not; the kernel without it,
+    ``attention_backward``, is the lighter one).
     """
     k = "attention_backward"
     B, A, K, defs = _attention_setup(k, q, emb, wq, wk, gate)
@@ -143,16 +142,17 @@ def attention_backward(
     if workspace is None:
         workspace = attention_workspace(A, K)
     else:
-        check_array(k, "workspace", workspace, F64, (MAX_PARTIALS + 1, P))
-    partials, totals = workspace[:MAX_PARTIALS], workspace[MAX_PARTIALS]
-    s = defs["ATT_SAMPLES"]
-    grid = reduction_blocks(B, s, blocks_per_sm=6)  # ~80 registers x 128 threads: 6 blocks per SM
-    _kernel("attention.cu", k, defs)((grid,), (ATT_SLOTS * s,), (q, dqc, emb, wq, wk, gate, dq, partials, i32(B)))
+        check_array(k, "workspace", workspace, F64, (MAX_PARTIALS, P))
+    grid = reduction_blocks(B, ATT_SAMPLES, blocks_per_sm=ATT_BACKWARD_BLOCKS)
+    block = (ATT_SLOTS * ATT_SAMPLES,)
+    if dq is None:
+        _kernel("attention.cu", k, defs)((grid,), block, (q, dqc, emb, wq, wk, gate, workspace, i32(B)))
+    else:
+        _kernel("attention.cu", "attention_backward_dq", defs)(
+            (grid,), block, (q, dqc, emb, wq, wk, gate, dq, workspace, i32(B))
+        )
     _kernel("attention.cu", "attention_grad_reduce", defs)(
-        (blocks_for(P, 32),), (THREADS,), (partials, i32(grid), totals)
-    )
-    _kernel("attention.cu", "attention_grad_assemble", defs)(
-        (1,), (THREADS,), (totals, emb, wq, wk, demb, dwq, dwk, dgate)
+        (blocks_for(P, 32),), (ATT_REDUCE_THREADS,), (workspace, i32(grid), demb, dwq, dwk, dgate)
     )
     return dq, {"attn.emb": demb, "attn.wq": dwq, "attn.wk": dwk, "attn.gate": dgate}
 

@@ -2,6 +2,10 @@
 
 Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for qc, the attention weights, dq and the four
 parameter gradients (float32 per sample, float64 sums over the batch).
+
+The sizes cover: a batch that is not a multiple of the 16 samples of a block and batches larger
+than one grid-stride round (forward: 3 blocks of 16 samples per SM, backward: 2), A and k at
+their limits (16) and at 1, and Q spread wide enough that most attention rows are peaked.
 """
 
 from __future__ import annotations
@@ -30,10 +34,24 @@ def _dev(cp, p):
     return [to_dev(cp, p[n]) for n in NAMES]
 
 
-@pytest.mark.parametrize("B,A,k", [(1001, 12, 8), (64, 12, 16), (37, 16, 16), (5, 7, 3), (4096, 12, 8)])
-def test_attention_forward_matches_numpy(cp, rng, B, A, k):
+# (B, A, k, standard deviation of Q)
+SIZES = [
+    (1001, 12, 8, 3.0),
+    (64, 12, 16, 3.0),
+    (37, 16, 16, 3.0),
+    (5, 7, 3, 3.0),
+    (3, 1, 1, 3.0),
+    (2, 16, 1, 3.0),
+    (70001, 12, 8, 3.0),
+    (20003, 16, 16, 3.0),
+    (3000, 12, 8, 30.0),
+]
+
+
+@pytest.mark.parametrize("B,A,k,q_scale", SIZES)
+def test_attention_forward_matches_numpy(cp, rng, B, A, k, q_scale):
     p = _params(rng, A, k)
-    q = rng.normal(0, 3.0, (B, A)).astype(np.float32)
+    q = rng.normal(0, q_scale, (B, A)).astype(np.float32)
     emb, wq, wk, gate = _dev(cp, p)
     attn = nan_like(cp, (B, A, A))
     qc = K.attention_forward(to_dev(cp, q), emb, wq, wk, gate, qc=nan_like(cp, (B, A)), attn=attn)
@@ -42,23 +60,31 @@ def test_attention_forward_matches_numpy(cp, rng, B, A, k):
     assert_close("attn", attn, cache["a"], TOL)
 
 
-@pytest.mark.parametrize("B,A,k", [(1001, 12, 8), (64, 12, 16), (37, 16, 16), (5, 7, 3), (20000, 12, 8)])
-def test_attention_backward_matches_numpy(cp, rng, B, A, k):
+def _nan_grads(cp, A, k):
+    shapes = {"demb": (A, k), "dwq": (k + 1, k), "dwk": (k + 1, k), "dgate": (A,)}
+    return {n: nan_like(cp, shape) for n, shape in shapes.items()}
+
+
+@pytest.mark.parametrize("B,A,k,q_scale", SIZES)
+def test_attention_backward_matches_numpy(cp, rng, B, A, k, q_scale):
+    """Both kernels: with dq (attention_backward_dq) and without (attention_backward)."""
     p = _params(rng, A, k)
-    q = rng.normal(0, 3.0, (B, A)).astype(np.float32)
+    q = rng.normal(0, q_scale, (B, A)).astype(np.float32)
     dqc = rng.normal(0, 1.0, (B, A)).astype(np.float32)
     emb, wq, wk, gate = _dev(cp, p)
-    outs = dict(demb=nan_like(cp, (A, k)), dwq=nan_like(cp, (k + 1, k)), dwk=nan_like(cp, (k + 1, k)),
-                dgate=nan_like(cp, (A,)))
-    ws = cp.full((MAX_PARTIALS + 1, attention_params_size(A, k)), np.nan, cp.float64)
+    ws = cp.full((MAX_PARTIALS, attention_params_size(A, k)), np.nan, cp.float64)
     dq, grads = K.attention_backward(to_dev(cp, q), to_dev(cp, dqc), emb, wq, wk, gate,
-                                     dq=nan_like(cp, (B, A)), workspace=ws, **outs)
+                                     dq=nan_like(cp, (B, A)), workspace=ws, **_nan_grads(cp, A, k))
+    none, grads_no_dq = K.attention_backward(to_dev(cp, q), to_dev(cp, dqc), emb, wq, wk, gate,
+                                             **_nan_grads(cp, A, k))
     p64 = {n: host64(v) for n, v in p.items()}
     _, cache = attention.forward(p64, host64(q))
     rdq, rgrads = attention.backward(p64, cache, host64(dqc))
+    assert none is None
     assert_close("dq", dq, rdq, TOL)
     for n in NAMES:
         assert_close(n, grads[n], rgrads[n], TOL)
+        assert_close(f"{n} (no dq)", grads_no_dq[n], rgrads[n], TOL)
 
 
 def test_attention_backward_without_dq_and_repeatable(cp, rng):

@@ -75,28 +75,35 @@ def test_c51_gather_projection_equals_scatter():
 
 
 def attention_backward_as_the_kernel(params, q, dqc):
-    """attention.cu's backward: per-sample terms, then the factored parameter sums and assembly."""
+    """attention.cu's backward: factored scores, per-sample terms, the sums over the batch of the
+    gradients of the score constants, and their map to the parameters."""
     emb, wq, wk, g = (params[n] for n in ("attn.emb", "attn.wq", "attn.wk", "attn.gate"))
     B, A = q.shape
     k = emb.shape[1]
-    qry = q[:, :, None] * wq[0] + (emb @ wq[1:])[None]
-    key = q[:, :, None] * wk[0] + (emb @ wk[1:])[None]
-    a = L.softmax(qry @ key.transpose(0, 2, 1) / np.sqrt(k))
+    eq, ek = emb @ wq[1:], emb @ wk[1:]
+    alpha, beta, gamma, delta = (wq[0] @ wk[0], ek @ wq[0], eq @ wk[0], eq @ ek.T)
+    u = alpha * q + gamma  # S_ij = u_i q_j + q_i beta_j + delta_ij (times sqrt(k))
+    a = L.softmax((u[:, :, None] * q[:, None, :] + q[:, :, None] * beta + delta) / np.sqrt(k))
     o = (a * q[:, None, :]).sum(-1)
-    do = dqc * g
-    ds = a * do[:, :, None] * (q[:, None, :] - o[:, :, None]) / np.sqrt(k)
-    dqry = ds @ key
-    dkey = ds.transpose(0, 2, 1) @ qry
-    dq = dqc * (1 - g) + (a * do[:, :, None]).sum(axis=1) + dqry @ wq[0] + dkey @ wk[0]
-    # The P sums each block accumulates ...
-    s_q, s_k = dqry.sum(0), dkey.sum(0)
-    q0, k0 = (q[:, :, None] * dqry).sum((0, 1)), (q[:, :, None] * dkey).sum((0, 1))
+    d = q[:, None, :] - o[:, :, None]
+    ds = a * (dqc * g)[:, :, None] * d  # dloss / dS
+    r = (ds * d).sum(-1)  # sum_j dS_ij q_j
+    dq = (
+        dqc * (1 - g)
+        + (a * (dqc * g)[:, :, None]).sum(axis=1)
+        + (ds * (alpha * q[:, None, :] + beta)).sum(-1) / np.sqrt(k)
+        + (ds * (alpha * q + gamma)[:, :, None]).sum(axis=1) / np.sqrt(k)
+    )
+    # The sums each block accumulates ...
+    M, C, R, T = ds.sum(0), (q[:, :, None] * ds).sum((0, 1)), r.sum(0), (q * r).sum()
     dgate = (dqc * (o - q)).sum(0)
-    assert s_q.size + s_k.size + q0.size + k0.size + dgate.size == attention_params_size(A, k)
-    # ... and attention_grad_assemble.
-    dwq = np.vstack([q0[None], emb.T @ s_q])
-    dwk = np.vstack([k0[None], emb.T @ s_k])
-    demb = s_q @ wq[1:].T + s_k @ wk[1:].T
+    # ... and their map to the parameters (per block, then added).
+    deq = (R[:, None] * wk[0] + M @ ek) / np.sqrt(k)
+    dek = (C[:, None] * wq[0] + M.T @ eq) / np.sqrt(k)
+    dwq = np.vstack([(T * wk[0] + C @ ek) / np.sqrt(k), emb.T @ deq])
+    dwk = np.vstack([(T * wq[0] + R @ eq) / np.sqrt(k), emb.T @ dek])
+    demb = deq @ wq[1:].T + dek @ wk[1:].T
+    assert demb.size + dwq.size + dwk.size + dgate.size == attention_params_size(A, k)
     return dq, {"attn.emb": demb, "attn.wq": dwq, "attn.wk": dwk, "attn.gate": dgate}
 
 
