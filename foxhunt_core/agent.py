@@ -16,6 +16,7 @@ them directly in :meth:`Agent.act_values` (collection and evaluation) and :meth:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,14 @@ def tree_to(xp: Any, tree: Tree, dtype: Any) -> Tree:
 
 def tree_copy(tree: Tree) -> Tree:
     return {o: {k: v.copy() for k, v in s.items()} for o, s in tree.items()}
+
+
+def _row_means(x: Array) -> Array:
+    """Means of the rows of ``x`` [R, n] on the GPU: sums over chunks of the rows, then over the
+    chunks (a one-block-per-row reduction over a few long rows leaves most of the device idle)."""
+    n = x.shape[1]
+    chunks = math.gcd(n, 256)
+    return x.reshape(x.shape[0], chunks, n // chunks).sum(axis=2).sum(axis=1) / n
 
 
 def merge_grads(a: Tree, b: Tree) -> Tree:
@@ -233,7 +242,7 @@ class Agent:
             # Squared error into the third row of stats, its gradient at the taken actions: one launch.
             _, dq = K.aux_error(xp.ascontiguousarray(q.q_coord), idx, y, 2.0 * t.aux_weight / (B * D), self.offsets,
                                 err2=stats[2])
-            means = stats.reshape(3, -1).mean(axis=1)  # the three means in one reduction
+            means = _row_means(stats.reshape(3, -1))  # the three means together
             loss, ent, aux = means[0], means[1], t.aux_weight * means[2]
         else:
             y = (m * self.z).sum(axis=-1)  # E[m_d], [B, D]
@@ -244,7 +253,9 @@ class Agent:
         # The attention's gradients go straight into the optimizer's flat buffer too (fused path).
         grads = merge_grads(grads, self.qpipe.backward(self.online, q, dq,
                                                        grads_into=self.opt.grad_slots() if fused else None))
-        scalars = {"loss": loss.mean(), "aux_loss": aux, "entropy": ent.mean()}
+        if not fused:
+            loss, ent = loss.mean(), ent.mean()
+        scalars = {"loss": loss, "aux_loss": aux, "entropy": ent}
         return grads, scalars, out, q
 
     def update(self, batch: dict[str, Array], entropy_coeff: float) -> tuple[dict[str, Array], NetOutput, QOut]:
