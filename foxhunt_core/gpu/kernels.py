@@ -116,6 +116,22 @@ def _elementwise_grid(total: int) -> int:
 
 
 # ------------------------------------------------------------------ dueling.cu
+def _dueling_blocks_per_sm(num_atoms: int, offsets: Sequence[int]) -> int:
+    """Blocks of the two dueling row kernels resident per SM: dueling.cu's
+    ``DUELING_BLOCKS_PER_SM`` (the same formula), which its ``__launch_bounds__`` guarantees."""
+    size = max(b - a for a, b in zip(offsets[:-1], offsets[1:]))
+    lane_floats = 3 * -(-num_atoms // 32) * size + 3 * min(size, 10)
+    return 4 if lane_floats <= 27 else 3 if lane_floats <= 36 else 2 if lane_floats <= 60 else 1
+
+
+def _dueling_grid(items: int, num_atoms: int, offsets: Sequence[int]) -> int:
+    """Blocks of the two dueling row kernels, whose warps walk ``items`` rows (forward) or samples
+    (backward) with a grid stride: at most as many as are resident at once, and no more than give
+    every warp the same number of items (the busiest warp sets the time)."""
+    per_warp = max(1, -(-int(items) // (_dueling_blocks_per_sm(num_atoms, offsets) * sm_count() * WARPS)))
+    return blocks_for(-(-int(items) // per_warp), WARPS)
+
+
 def dueling_softmax_forward(
     v: Array,
     adv: Array,
@@ -197,7 +213,7 @@ def dueling_softmax_forward(
     var = output(k, "var", var, (rows_of("var"), A)) if rows_of("var") else None
     zq_pitch = _rows_view(k, "zq", zq, (B, offs[1])) if zq is not None else 0
     fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
-    grid = blocks_for(B * (d1 - d0), WARPS)
+    grid = _dueling_grid(B * (d1 - d0), N, offs)
     fn((grid,), (THREADS,), (v, i32(v_pitch), adv, v_bias, adv_bias, z, log_probs, probs, q, var, zq, i32(zq_pitch),
                              f32(zq_scale),
                              i32(B), i32(d0), i32(d1), i32(seg_rows), i32(seg_wants)))
@@ -256,7 +272,7 @@ def dueling_backward(
     v_pitch = _rows_view(k, "dv", dv, (B, pad_to(N, align)))
     dadv = output(k, "dadv", dadv, (B, head_columns(offs, N, align)[-1]) if padded else (B, A, N))
     fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
-    fn((blocks_for(B, WARPS),), (THREADS,),
+    fn((_dueling_grid(B, N, offs),), (THREADS,),
        (dlogits, dq, i32(ld_dq if dq is not None else 0), f32(dq_scale), probs, q, z, dv, i32(v_pitch), dadv,
         i32(B), i32(d0), i32(d1), i32(int(accumulate_dv))))
     return dv, dadv

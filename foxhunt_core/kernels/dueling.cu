@@ -23,11 +23,26 @@
 //
 // Thread mapping: one warp per (sample, branch) in the forward, one warp per sample in the
 // backward (the value-head gradient sums over every branch). Lane l holds atoms l, l + 32, ...
+// Both walk their rows with a grid stride (the wrappers launch DUELING_BLOCKS_PER_SM blocks of
+// 256 threads per SM, fewer for few rows) and load the next rows' inputs while they work on one.
+// Sample and row indices are 32-bit (B D < 2^32), element offsets 64-bit.
 
 #include "sizes.cuh"
 
 #define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
 #define FULL_MASK 0xffffffffu
+// Actions whose softmax sums one warp_spread reduces at once (three sums each, at most 32 values).
+#define SPREAD_ACTIONS (MAX_BRANCH_SIZE < 10 ? MAX_BRANCH_SIZE : 10)
+// Blocks of 256 threads per SM that __launch_bounds__ guarantees the two row kernels, from the
+// floats a lane keeps per row (a row's logits, exps and the next row's inputs, the sums of up to
+// SPREAD_ACTIONS actions): 64 registers for the default 51 atoms in branches of 3, then 80, 128
+// and 255 as they grow, so that no size spills to local memory. kernels.py (_dueling_grid)
+// launches as many.
+#define DUELING_LANE_FLOATS (3 * ATOMS_PER_LANE * MAX_BRANCH_SIZE + 3 * SPREAD_ACTIONS)
+#define DUELING_BLOCKS_PER_SM \
+    (DUELING_LANE_FLOATS <= 27 ? 4 : DUELING_LANE_FLOATS <= 36 ? 3 : DUELING_LANE_FLOATS <= 60 ? 2 : 1)
+#define LOG2E 1.44269504f
+#define LN2 0.693147181f
 
 #ifndef ADV_COLUMNS
 #define ADV_COLUMNS {0, 153, 306, 459, 612}
@@ -40,24 +55,126 @@ __constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
 __constant__ int kAdvColumns[NUM_BRANCHES + 1] = ADV_COLUMNS;
 __constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
 
-// Warp-wide max / sum of M values per lane at once.
-template <int M>
-__device__ __forceinline__ void warp_max_n(float (&x)[M]) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-        for (int i = 0; i < M; ++i) x[i] = fmaxf(x[i], __shfl_xor_sync(FULL_MASK, x[i], o));
-    }
+// Whether every branch has MAX_BRANCH_SIZE actions (the default layout): then the row kernels
+// know a branch's size at compile time and test no action against it.
+__host__ __device__ constexpr bool uniform_branches() {
+    constexpr int offsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+    for (int d = 0; d < NUM_BRANCHES; ++d)
+        if (offsets[d + 1] - offsets[d] != MAX_BRANCH_SIZE) return false;
+    return true;
+}
+__device__ __forceinline__ int branch_size(int d) {
+    return uniform_branches() ? MAX_BRANCH_SIZE : kBranchOffsets[d + 1] - kBranchOffsets[d];
 }
 
-template <int M>
-__device__ __forceinline__ void warp_sum_n(float (&x)[M]) {
+// The SFU's approximations, one instruction each (the .ftz forms need no fix-up around them for
+// denormals, which libm's exp2f / log2f / 1/x add): 2^x and 1/x to a few ulp, log2 x to about
+// 2^-22 absolute. Here 2^x takes arguments <= 0 (a result below 2^-126 becomes 0), log2 and 1/x
+// a sum of exps in [1, N].
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float lg2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct AddOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Warp reduction of M values per lane at once by recursive halving: at each step (lane offsets
+// 16, 8, ..., 1) a lane keeps half of its values -- the upper half where its offset bit is set,
+// padded with `pad` -- combines them with its partner's copy of that half and sends the partner
+// the other half, one shuffle per kept value; once a single value is left the steps are plain
+// butterflies. 9 values take 12 shuffles this way instead of 45. Afterwards each lane holds the
+// total of one value (spread_index), returned; value i is in lane spread_lane<M>(i), among others.
+template <int M, class Op>
+__device__ __forceinline__ float warp_spread(float (&x)[M], float pad, Op op) {
+    static_assert(M >= 1 && M <= 32, "warp_spread: one value per lane at the end");
+    const int lane = threadIdx.x & 31;
+    int m = M;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
+        if (m == 1) {
+            x[0] = op(x[0], __shfl_xor_sync(FULL_MASK, x[0], o));
+            continue;
+        }
+        const int h = (m + 1) >> 1;
+        const bool up = (lane & o) != 0;
 #pragma unroll
-        for (int i = 0; i < M; ++i) x[i] += __shfl_xor_sync(FULL_MASK, x[i], o);
+        for (int t = 0; t < (M + 1) / 2; ++t) {
+            if (t < h) {
+                const float lo = x[t];
+                const float hi = t + h < m ? x[t + h] : pad;
+                x[t] = op(up ? hi : lo, __shfl_xor_sync(FULL_MASK, up ? lo : hi, o));
+            }
+        }
+        m = h;
     }
+    return x[0];
 }
+
+// The value whose total lane `lane` holds after warp_spread<M>, or -1 (a padding value).
+template <int M>
+__device__ __forceinline__ int spread_index(int lane) {
+    int m = M, first = 0, count = M;  // the lane's values so far: [first, first + count)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (m > 1) {
+            const int h = (m + 1) >> 1;
+            if (lane & o) {
+                first += h;
+                count -= h;
+            } else {
+                count = min(count, h);
+            }
+            m = h;
+        }
+    }
+    return count > 0 ? first : -1;
+}
+
+// The lowest lane that holds the total of value i after warp_spread<M>.
+template <int M>
+__device__ __forceinline__ int spread_lane(int i) {
+    int m = M, lane = 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (m > 1) {
+            const int h = (m + 1) >> 1;
+            if (i >= h) {
+                lane |= o;
+                i -= h;
+            }
+            m = h;
+        }
+    }
+    return lane;
+}
+
+// Where the forward's grid-stride walk over rows (b, d) stands: the row's sample and its branch
+// counted from the first branch computed.
+struct DuelingPos {
+    unsigned b, d;
+};
+
+// What a forward row reads, loaded one row ahead of its turn. The padding atoms are not loaded.
+struct DuelingInputs {
+    float v[ATOMS_PER_LANE];
+    float adv[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+};
 
 // logits[b, a, :] = v[b, :] + adv[b, a, :] - mean_{a' in branch(a)} adv[b, a', :]
 // log_probs = log_softmax(logits) over atoms, probs = exp(log_probs),
@@ -72,7 +189,13 @@ __device__ __forceinline__ void warp_sum_n(float (&x)[M]) {
 // 0 / 1 / 2 of (seg_wants >> 3 s) is set; every output is indexed by the row over all segments.
 // zq (optional, row pitch zq_pitch): the direction branch's (branch 0's) Q times zq_scale is
 // also written there: the magnitude branch's input columns in the augmented z.
-extern "C" __global__ void dueling_softmax_forward(
+//
+// Per action, with y the logits in units of log2 less their maximum: e_j = 2^y_j, S = sum_j e_j,
+// p_j = e_j / S, log p_j = y_j ln 2 - ln S, q = sum_j e_j z_j / S, E[z^2] = sum_j e_j z_j^2 / S:
+// one exp per atom, and the sums of all the branch's actions reduced over the warp at once
+// (warp_spread), as are the maxima. The lanes that end up holding an action's sum e z write its
+// q, var and zq.
+extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling_softmax_forward(
     const float* __restrict__ v,          // [B, V_COLUMNS], rows v_pitch apart
     int v_pitch,
     const float* __restrict__ adv,        // [B, c_D]
@@ -87,13 +210,228 @@ extern "C" __global__ void dueling_softmax_forward(
     int zq_pitch, float zq_scale,
     int batch, int branch_begin, int branch_end, int seg_rows, int seg_wants)
 {
+    constexpr int M = MAX_BRANCH_SIZE;
+    constexpr int G = SPREAD_ACTIONS;
     const int lane = threadIdx.x & 31;
-    const int warps_per_block = blockDim.x >> 5;
-    const int nbr = branch_end - branch_begin;
-    const long long rows = (long long)batch * nbr;
-    const int adv_pitch = kAdvColumns[NUM_BRANCHES];
+    const unsigned warps = blockDim.x >> 5;
+    const unsigned nbr = branch_end - branch_begin;
+    const unsigned adv_pitch = kAdvColumns[NUM_BRANCHES];
     const float neg_inf = __int_as_float(0xff800000);
 
+    float zz[ATOMS_PER_LANE], zz2[ATOMS_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
+        zz2[k] = zz[k] * zz[k];
+    }
+    // The sums of a group of G actions go into warp_spread as [S_0 .., sum e z .., sum e z^2 ..]
+    // (the last G only where var is written). The lane holding action t's sum e z writes its
+    // outputs; it fetches S_t and sum e z^2 from the lanes holding them. Per layout, 5-bit fields
+    // (registers are scarce in the loop): t + 1 (0: the lane holds no sum e z) and the lanes.
+    unsigned spread_lanes;
+    {
+        const int t2 = spread_index<2 * G>(lane) - G, t3 = spread_index<3 * G>(lane) - G;
+        const bool own2 = t2 >= 0 && t2 < G, own3 = t3 >= 0 && t3 < G;
+        spread_lanes = (own2 ? t2 + 1 : 0) | (own3 ? t3 + 1 : 0) << 5
+            | spread_lane<2 * G>(own2 ? t2 : 0) << 10 | spread_lane<3 * G>(own3 ? t3 : 0) << 15
+            | spread_lane<3 * G>(2 * G + (own3 ? t3 : 0)) << 20;
+    }
+    asm volatile("" : "+r"(spread_lanes));  // computed once, not again in the loop
+
+    const unsigned stride = gridDim.x * warps;
+    const unsigned stride_b = stride / nbr, stride_d = stride % nbr;
+    auto advance = [&](DuelingPos p) {
+        p.b += stride_b;
+        p.d += stride_d;
+        if (p.d >= nbr) {
+            p.d -= nbr;
+            ++p.b;
+        }
+        return p;
+    };
+    auto load_inputs = [&](const DuelingPos& p, DuelingInputs& in) {
+        if (p.b >= (unsigned)batch) return;
+        const int d = branch_begin + (int)p.d;
+        const int n = branch_size(d);
+        const float* vr = v + (size_t)p.b * (unsigned)v_pitch;
+        const float* ar = adv + ((size_t)p.b * adv_pitch + (unsigned)kAdvColumns[d]);
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            const int j = lane + 32 * k;
+            if (j < NUM_ATOMS) in.v[k] = vr[j];
+#pragma unroll
+            for (int i = 0; i < M; ++i)
+                if (i < n && j < NUM_ATOMS) in.adv[i][k] = ar[i * NUM_ATOMS + j];
+        }
+    };
+
+    DuelingPos pos;
+    const unsigned row = blockIdx.x * warps + (threadIdx.x >> 5);  // b nbr + d
+    pos.b = row / nbr;
+    pos.d = row - pos.b * nbr;
+    DuelingPos pos1 = advance(pos);
+    DuelingInputs in;
+    load_inputs(pos, in);
+    unsigned seg_end = seg_rows;  // the end of the segment of the rows' sample (samples only grow)
+    int wants = seg_wants;
+
+    while (pos.b < (unsigned)batch) {
+        DuelingInputs in1;
+        load_inputs(pos1, in1);
+        while (pos.b >= seg_end) {
+            seg_end += seg_rows;
+            wants >>= 3;
+        }
+        const unsigned b = pos.b;
+        const int d = branch_begin + (int)pos.d;
+        const int a0 = kBranchOffsets[d];
+        const int n = branch_size(d);
+        const bool want_lp = log_probs != nullptr && (wants & 1);
+        const bool want_p = probs != nullptr && (wants & 2);
+        const bool want_var = var != nullptr && (wants & 4);
+        const size_t out_row = (size_t)b * NUM_ACTIONS + a0;  // the branch's first action's row
+
+        // y: the logits in units of log2 (-inf at padding atoms and absent actions), later less
+        // their maximum: e = 2^y, log p = y ln 2 - ln S.
+        const float scale = LOG2E * rcp_approx((float)n);  // log2(e) / n
+        float y[M][ATOMS_PER_LANE];
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            const int j = lane + 32 * k;
+            if (v_bias != nullptr && j < NUM_ATOMS) in.v[k] += v_bias[j];
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < M; ++i) {
+                if (i < n) {
+                    if (adv_bias != nullptr && j < NUM_ATOMS)
+                        in.adv[i][k] += adv_bias[(a0 + i) * NUM_ATOMS + j];
+                    sum = i == 0 ? in.adv[0][k] : sum + in.adv[i][k];
+                }
+            }
+            const float mean = sum * scale;  // the advantages' mean times log2(e)
+#pragma unroll
+            for (int i = 0; i < M; ++i)
+                y[i][k] = i < n && j < NUM_ATOMS ? fmaf(in.v[k] + in.adv[i][k], LOG2E, -mean) : neg_inf;
+        }
+
+#pragma unroll
+        for (int g0 = 0; g0 < M; g0 += G) {  // one group of G actions (the whole branch up to 10)
+            float mx[G];
+#pragma unroll
+            for (int t = 0; t < G; ++t) {
+                mx[t] = neg_inf;
+#pragma unroll
+                for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                    if (g0 + t < M) mx[t] = k == 0 ? y[g0 + t][0] : fmaxf(mx[t], y[g0 + t][k]);
+            }
+            const float mx_held = warp_spread(mx, neg_inf, MaxOp());
+            // e and this lane's part of the sums S and sum e z (padding atoms have e = 0 and z = 0).
+            float e[G][ATOMS_PER_LANE], s[2 * G];
+#pragma unroll
+            for (int t = 0; t < G; ++t) {
+                const int i = g0 + t;
+                const float mt = __shfl_sync(FULL_MASK, mx_held, spread_lane<G>(t));
+#pragma unroll
+                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                    e[t][k] = 0.0f;
+                    if (i < M && i < n) {
+                        y[i][k] -= mt;  // padding atoms stay at -inf and get e = 0
+                        e[t][k] = ex2_approx(y[i][k]);
+                    }
+                    s[t] = k == 0 ? e[t][0] : s[t] + e[t][k];
+                    s[G + t] = k == 0 ? e[t][0] * zz[0] : fmaf(e[t][k], zz[k], s[G + t]);
+                }
+            }
+            float held;  // after the warp sums: the total this lane holds
+            if (want_var) {
+                float s3[3 * G];
+#pragma unroll
+                for (int t = 0; t < G; ++t) {
+                    s3[t] = s[t];
+                    s3[G + t] = s[G + t];
+#pragma unroll
+                    for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                        s3[2 * G + t] = k == 0 ? e[t][0] * zz2[0] : fmaf(e[t][k], zz2[k], s3[2 * G + t]);
+                }
+                held = warp_spread(s3, 0.0f, AddOp());
+            } else {
+                held = warp_spread(s, 0.0f, AddOp());
+            }
+
+            if (want_lp || want_p) {
+                float lse[G], rs[G];
+#pragma unroll
+                for (int t = 0; t < G; ++t) {
+                    const int from = want_var ? spread_lane<3 * G>(t) : spread_lane<2 * G>(t);
+                    const float st = __shfl_sync(FULL_MASK, held, from);  // S of action g0 + t
+                    lse[t] = lg2_approx(st) * LN2;  // ln S
+                    rs[t] = rcp_approx(st);
+                }
+                const size_t o = (out_row + g0) * NUM_ATOMS + lane;  // atom `lane` of the group's first
+                if (want_lp) {
+#pragma unroll
+                    for (int t = 0; t < G; ++t)
+#pragma unroll
+                        for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                            if (g0 + t < M && g0 + t < n && lane + 32 * k < NUM_ATOMS)
+                                log_probs[o + t * NUM_ATOMS + 32 * k] = fmaf(y[g0 + t][k], LN2, -lse[t]);
+                }
+                if (want_p) {
+#pragma unroll
+                    for (int t = 0; t < G; ++t)
+#pragma unroll
+                        for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                            if (g0 + t < M && g0 + t < n && lane + 32 * k < NUM_ATOMS)
+                                probs[o + t * NUM_ATOMS + 32 * k] = e[t][k] * rs[t];
+                }
+            }
+            // E[Q], var and zq of the action whose sum e z this lane holds.
+            const unsigned lanes = want_var ? spread_lanes >> 5 : spread_lanes;
+            const int own = (int)(lanes & 31u) - 1;
+            const float s_own = __shfl_sync(FULL_MASK, held, (lanes >> 10) & 31u);
+            const float s2_own = want_var ? __shfl_sync(FULL_MASK, held, spread_lanes >> 20) : 0.0f;
+            if (own >= 0 && g0 + own < n) {
+                const int a = a0 + g0 + own;
+                const float rs = rcp_approx(s_own);
+                const float qa = held * rs;
+                q[(size_t)b * NUM_ACTIONS + a] = qa;
+                if (want_var) var[(size_t)b * NUM_ACTIONS + a] = fmaxf(s2_own * rs - qa * qa, 0.0f);
+                if (zq != nullptr && d == 0) zq[(size_t)b * (unsigned)zq_pitch + g0 + own] = qa * zq_scale;
+            }
+        }
+
+        pos = pos1;
+        pos1 = advance(pos1);
+        in = in1;
+    }
+}
+
+// What a backward row (b, d) reads, loaded ahead of its turn: the logits' gradient, and with dq
+// the probabilities, dq and q of the branch's actions (kDq; without, those fields are never set
+// and take no registers); with accumulate_dv at a sample's last branch its dv so far. The padding
+// atoms are not loaded.
+struct DuelingGrads {
+    float dl[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+    float p[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+    float dq[MAX_BRANCH_SIZE], q[MAX_BRANCH_SIZE];
+    float dv[ATOMS_PER_LANE];
+};
+
+// The backward's walk: a warp takes samples b = w, w + W, ... (W warps in all) and each sample's
+// branches in turn, summing dv over them in registers, with the inputs of the next kAhead rows
+// loading while one is worked on (two without dq, whose rows read little; one with dq).
+template <bool kDq, int kAhead>
+__device__ __forceinline__ void dueling_backward_rows(
+    const float* __restrict__ dlogits, const float* __restrict__ dq, int ld_dq, float dq_scale,
+    const float* __restrict__ probs, const float* __restrict__ q, const float* __restrict__ z,
+    float* __restrict__ dv, int v_pitch, float* __restrict__ dadv,
+    int batch, int branch_begin, int branch_end, int accumulate_dv)
+{
+    constexpr int M = MAX_BRANCH_SIZE;
+    const int lane = threadIdx.x & 31;
+    const unsigned adv_pitch = kAdvColumns[NUM_BRANCHES];
+    const unsigned stride = gridDim.x * (blockDim.x >> 5);
     float zz[ATOMS_PER_LANE];
 #pragma unroll
     for (int k = 0; k < ATOMS_PER_LANE; ++k) {
@@ -101,96 +439,110 @@ extern "C" __global__ void dueling_softmax_forward(
         zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
     }
 
-    for (long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); row < rows;
-         row += (long long)gridDim.x * warps_per_block) {
-        const long long b = row / nbr;
-        const int d = branch_begin + (int)(row % nbr);
-        const int wants = seg_wants >> (3 * (int)(b / seg_rows));
-        float* __restrict__ lp_out = (wants & 1) ? log_probs : nullptr;
-        float* __restrict__ p_out = (wants & 2) ? probs : nullptr;
-        const int a0 = kBranchOffsets[d];
-        const int n = kBranchOffsets[d + 1] - a0;
-        const float* adv_d = adv + b * adv_pitch + kAdvColumns[d];
+    struct Pos {
+        unsigned b;
+        int d;
+    };
+    auto advance = [&](Pos p) {
+        if (++p.d == branch_end) {
+            p.d = branch_begin;
+            p.b += stride;
+        }
+        return p;
+    };
+    auto load_inputs = [&](const Pos& p, DuelingGrads& in) {
+        if (p.b >= (unsigned)batch) return;
+        const int a0 = kBranchOffsets[p.d];
+        const int n = branch_size(p.d);
+        const size_t row = (size_t)p.b * NUM_ACTIONS + a0;  // the branch's first action's row
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                if (i < n && j < NUM_ATOMS) {
+                    in.dl[i][k] = dlogits[(row + i) * NUM_ATOMS + j];
+                    if (kDq) in.p[i][k] = probs[(row + i) * NUM_ATOMS + j];
+                }
+            }
+            if (kDq && i < n) {
+                in.dq[i] = dq[(size_t)p.b * (unsigned)ld_dq + a0 + i];
+                in.q[i] = q[row + i];
+            }
+        }
+        if (accumulate_dv && p.d == branch_end - 1) {
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                if (j < NUM_ATOMS) in.dv[k] = dv[(size_t)p.b * (unsigned)v_pitch + j];
+            }
+        }
+    };
 
-        float vv[ATOMS_PER_LANE], mean[ATOMS_PER_LANE];
-        float ad[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+    Pos pos[kAhead + 1];  // pos[0]: the row worked on, pos[k]: the row k ahead
+    DuelingGrads in[kAhead + 1];
+    pos[0].b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    pos[0].d = branch_begin;
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int j = lane + 32 * k;
-            vv[k] = j < NUM_ATOMS ? v[b * v_pitch + j] + (v_bias != nullptr ? v_bias[j] : 0.0f) : 0.0f;
-            mean[k] = 0.0f;
-        }
+    for (int k = 0; k < kAhead; ++k) {
+        load_inputs(pos[k], in[k]);
+        pos[k + 1] = advance(pos[k]);
+    }
+    float acc_v[ATOMS_PER_LANE];
 #pragma unroll
-        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                const int j = lane + 32 * k;
-                const bool ok = i < n && j < NUM_ATOMS;
-                ad[i][k] = ok ? adv_d[i * NUM_ATOMS + j]
-                                    + (adv_bias != nullptr ? adv_bias[(a0 + i) * NUM_ATOMS + j] : 0.0f)
-                              : 0.0f;
-                mean[k] += ad[i][k];
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) mean[k] /= (float)n;
+    for (int k = 0; k < ATOMS_PER_LANE; ++k) acc_v[k] = 0.0f;
 
-        // The branch's actions side by side: each warp reduction below runs for all of them at
-        // once (independent shuffles interleave), instead of one dependent chain per action.
-        float lg[MAX_BRANCH_SIZE][ATOMS_PER_LANE], mx[MAX_BRANCH_SIZE], se[MAX_BRANCH_SIZE];
+    while (pos[0].b < (unsigned)batch) {
+        load_inputs(pos[kAhead], in[kAhead]);
+        DuelingGrads& g = in[0];
+        const int d = pos[0].d;
+        const int n = branch_size(d);
+
+        float sum[ATOMS_PER_LANE];
 #pragma unroll
-        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-            mx[i] = neg_inf;
+        for (int i = 0; i < M; ++i) {
+            if (i < n) {
+                const float dqa = kDq ? g.dq[i] * dq_scale : 0.0f;
 #pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                const int j = lane + 32 * k;
-                lg[i][k] = i < n && j < NUM_ATOMS ? (vv[k] + ad[i][k]) - mean[k] : neg_inf;
-                mx[i] = fmaxf(mx[i], lg[i][k]);
-            }
-        }
-        warp_max_n(mx);
-#pragma unroll
-        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-            se[i] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                lg[i][k] -= mx[i];  // padded atoms stay at -inf and contribute exp(-inf) = 0
-                if (i < n) se[i] += expf(lg[i][k]);
-            }
-        }
-        warp_sum_n(se);
-        float s1[MAX_BRANCH_SIZE], s2[MAX_BRANCH_SIZE];
-#pragma unroll
-        for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-            s1[i] = 0.0f;
-            s2[i] = 0.0f;
-            if (i >= n) continue;
-            const float lse = logf(se[i]);
-            const long long base = (b * NUM_ACTIONS + a0 + i) * NUM_ATOMS;
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                const int j = lane + 32 * k;
-                if (j < NUM_ATOMS) {
-                    const float lp = lg[i][k] - lse;
-                    const float p = expf(lp);
-                    if (lp_out != nullptr) lp_out[base + j] = lp;
-                    if (p_out != nullptr) p_out[base + j] = p;
-                    s1[i] += p * zz[k];
-                    s2[i] += p * zz[k] * zz[k];
+                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                    if (kDq) g.dl[i][k] += dqa * g.p[i][k] * (zz[k] - g.q[i]);
+                    sum[k] = i == 0 ? g.dl[0][k] : sum[k] + g.dl[i][k];
                 }
             }
         }
-        warp_sum_n(s1);
-        warp_sum_n(s2);
-        if (lane == 0) {
+        const float inv_n = rcp_approx((float)n);
+        float* dadv_d = dadv + ((size_t)pos[0].b * adv_pitch + (unsigned)kAdvColumns[d]);
 #pragma unroll
-            for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-                if (i >= n) break;
-                q[b * NUM_ACTIONS + a0 + i] = s1[i];
-                if (var != nullptr && (wants & 4)) var[b * NUM_ACTIONS + a0 + i] = fmaxf(s2[i] - s1[i] * s1[i], 0.0f);
-                if (zq != nullptr && d == 0) zq[b * zq_pitch + i] = s1[i] * zq_scale;
+        for (int i = 0; i < M; ++i) {
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                if (i < n && j < NUM_ATOMS) dadv_d[i * NUM_ATOMS + j] = g.dl[i][k] - sum[k] * inv_n;
             }
         }
+#pragma unroll 1
+        for (int c = n * NUM_ATOMS + lane; c < kAdvColumns[d + 1] - kAdvColumns[d]; c += 32)
+            dadv_d[c] = 0.0f;  // the block's padding
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) acc_v[k] += sum[k];
+
+        if (d == branch_end - 1) {  // the sample's last branch: its share of dv is complete
+            float* dv_b = dv + (size_t)pos[0].b * (unsigned)v_pitch;
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                if (j < NUM_ATOMS) dv_b[j] = accumulate_dv ? g.dv[k] + acc_v[k] : acc_v[k];
+                acc_v[k] = 0.0f;
+            }
+            for (int j = NUM_ATOMS + lane; j < V_COLUMNS; j += 32) dv_b[j] = 0.0f;
+        }
+
+#pragma unroll
+        for (int k = 0; k < kAhead; ++k) {
+            pos[k] = pos[k + 1];
+            in[k] = in[k + 1];
+        }
+        pos[kAhead] = advance(pos[kAhead]);
     }
 }
 
@@ -201,7 +553,7 @@ extern "C" __global__ void dueling_softmax_forward(
 // Only branches [branch_begin, branch_end) are read and written; with accumulate_dv != 0 their
 // share of dv is added to dv instead of overwriting it (the network runs the magnitude branch's
 // backward before the direction branch's dq is known, so it calls this twice).
-extern "C" __global__ void dueling_backward(
+extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling_backward(
     const float* __restrict__ dlogits,    // [B, A, N]
     const float* __restrict__ dq,         // [B, ld_dq] or null (column a: action a's gradient)
     int ld_dq, float dq_scale,            // dq's row pitch; it is read times dq_scale
@@ -213,75 +565,12 @@ extern "C" __global__ void dueling_backward(
     float* __restrict__ dadv,             // [B, c_D]
     int batch, int branch_begin, int branch_end, int accumulate_dv)
 {
-    const int lane = threadIdx.x & 31;
-    const int adv_pitch = kAdvColumns[NUM_BRANCHES];
-    const int warps_per_block = blockDim.x >> 5;
-    float zz[ATOMS_PER_LANE];
-#pragma unroll
-    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-        const int j = lane + 32 * k;
-        zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
-    }
-
-    for (long long b = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); b < batch;
-         b += (long long)gridDim.x * warps_per_block) {
-        float acc_v[ATOMS_PER_LANE];
-#pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) acc_v[k] = 0.0f;
-
-        for (int d = branch_begin; d < branch_end; ++d) {
-            const int a0 = kBranchOffsets[d];
-            const int n = kBranchOffsets[d + 1] - a0;
-            float dl[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
-            float mean[ATOMS_PER_LANE];
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k) mean[k] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-                const long long ba = b * NUM_ACTIONS + a0 + i;
-                float dqa = 0.0f, qa = 0.0f;
-                if (dq != nullptr && i < n) {
-                    dqa = dq[b * ld_dq + a0 + i] * dq_scale;
-                    qa = q[ba];
-                }
-#pragma unroll
-                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                    const int j = lane + 32 * k;
-                    float g = 0.0f;
-                    if (i < n && j < NUM_ATOMS) {
-                        g = dlogits[ba * NUM_ATOMS + j];
-                        if (dq != nullptr) g += dqa * probs[ba * NUM_ATOMS + j] * (zz[k] - qa);
-                    }
-                    dl[i][k] = g;
-                    mean[k] += g;
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                acc_v[k] += mean[k];
-                mean[k] /= (float)n;
-            }
-            float* dadv_d = dadv + b * adv_pitch + kAdvColumns[d];
-#pragma unroll
-            for (int i = 0; i < MAX_BRANCH_SIZE; ++i) {
-                if (i >= n) break;
-#pragma unroll
-                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                    const int j = lane + 32 * k;
-                    if (j < NUM_ATOMS) dadv_d[i * NUM_ATOMS + j] = dl[i][k] - mean[k];
-                }
-            }
-            for (int c = n * NUM_ATOMS + lane; c < kAdvColumns[d + 1] - kAdvColumns[d]; c += 32)
-                dadv_d[c] = 0.0f;  // the block's padding
-        }
-        float* dv_b = dv + b * v_pitch;
-#pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int j = lane + 32 * k;
-            if (j < NUM_ATOMS) dv_b[j] = accumulate_dv ? dv_b[j] + acc_v[k] : acc_v[k];
-        }
-        for (int j = NUM_ATOMS + lane; j < V_COLUMNS; j += 32) dv_b[j] = 0.0f;
-    }
+    if (dq != nullptr)
+        dueling_backward_rows<true, 1>(dlogits, dq, ld_dq, dq_scale, probs, q, z, dv, v_pitch, dadv, batch,
+                                       branch_begin, branch_end, accumulate_dv);
+    else
+        dueling_backward_rows<false, 2>(dlogits, dq, ld_dq, dq_scale, probs, q, z, dv, v_pitch, dadv, batch,
+                                        branch_begin, branch_end, accumulate_dv);
 }
 
 // d q_a / d logit_{a, j} = p_{a, j} (z_j - q_a):

@@ -1,0 +1,121 @@
+"""The update's own (non-GEMM) kernels at the update's shapes, each timed alone.
+
+    python benchmarks/bench_kernels.py [--batches 16384 65536] [--repeats 30]
+
+For each batch size B of the stage-0 network (12 actions in 4 branches of 3, 51 atoms), the
+median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack.py's
+``graph_us``), of:
+
+- the dueling forward as the update runs it: the direction branch and then the other three over
+  the online s rows (every output), the online s' rows (E[Q] only) and the target s' rows
+  (probabilities only), as one launch each over the 3 B rows (``segments``);
+- the C51 projection and loss over B rows and 4 branches, reading whole [B, 12, 51] outputs at
+  the chosen actions and writing the gradient over all actions;
+- the cross-branch attention forward and backward over B rows.
+
+Kernel times only: the inputs are random and fixed; no GEMM runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_stack import graph_us  # noqa: E402
+
+OFFSETS = (0, 3, 6, 9, 12)
+N, A, D = 51, 12, 4
+
+
+def dueling_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.gpu.launch import head_columns, padded
+
+    R = 3 * B
+    W = head_columns(OFFSETS, N, 4)[-1]
+    v = cp.random.standard_normal((R, padded(N)), dtype=cp.float32)
+    adv = cp.random.standard_normal((R, W), dtype=cp.float32)
+    z = cp.linspace(-10.0, 10.0, N, dtype=cp.float32)
+    zwide = cp.zeros((R, 260), dtype=cp.float32)
+    wants = [("log_probs", "probs", "q", "var"), ("q",), ("probs",)]
+    outs = dict(log_probs=cp.empty((B, A, N), cp.float32), probs=cp.empty((R, A, N), cp.float32),
+                q=cp.empty((R, A), cp.float32), var=cp.empty((B, A), cp.float32))
+
+    def run() -> None:
+        K.dueling_softmax_forward(v, adv, z, OFFSETS, branches=(0, 1), segments=wants, zq=zwide[:, 256:259],
+                                  zq_scale=0.1, **outs)
+        K.dueling_softmax_forward(v, adv, z, OFFSETS, branches=(1, D), segments=wants, **outs)
+
+    return {"dueling fwd (2 launches)": run}
+
+
+def c51_case(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import kernels as K
+
+    rng = cp.random.default_rng(0)
+    logits = rng.standard_normal((B, A, N), dtype=cp.float32)
+    lp = logits - cp.log(cp.exp(logits).sum(-1, keepdims=True))
+    p_next = cp.exp(lp[::-1].copy())
+    base = cp.asarray(OFFSETS[:-1])
+    act = rng.integers(0, 3, (B, D)) + base
+    nxt = rng.integers(0, 3, (B, D)) + base
+    reward = rng.standard_normal(B, dtype=cp.float32)
+    disc = cp.full(B, 0.9, dtype=cp.float32)
+    z = cp.linspace(-10.0, 10.0, N, dtype=cp.float32)
+    dl = cp.empty((B, A, N), cp.float32)
+    loss, ent, mm = (cp.empty((B, D), cp.float32) for _ in range(3))
+    coeff = cp.full((1,), 1e-3, dtype=cp.float32)
+
+    def run() -> None:
+        K.c51_target_loss(p_next, reward, disc, lp, z, coeff, next_action=nxt, action=act, offsets=OFFSETS,
+                          dlogits_full=True, dlogits=dl, loss=loss, entropy=ent, write_m=False, m_mean=mm)
+
+    return {"c51 projection + loss": run}
+
+
+def attention_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import qkernels as Q
+
+    k = 8
+    q = cp.random.standard_normal((B, A), dtype=cp.float32)
+    dqc = cp.random.standard_normal((B, A), dtype=cp.float32)
+    emb = cp.random.standard_normal((A, k), dtype=cp.float32)
+    wq = cp.random.standard_normal((k + 1, k), dtype=cp.float32) * 0.3
+    wk = cp.random.standard_normal((k + 1, k), dtype=cp.float32) * 0.3
+    gate = cp.random.standard_normal(A, dtype=cp.float32)
+    qc = cp.empty((B, A), cp.float32)
+    grads = dict(demb=cp.empty_like(emb), dwq=cp.empty_like(wq), dwk=cp.empty_like(wk), dgate=cp.empty_like(gate),
+                 workspace=Q.attention_workspace(A, k))
+    return {
+        "attention fwd": lambda: Q.attention_forward(q, emb, wq, wk, gate, qc=qc),
+        "attention bwd (+ its reductions)": lambda: Q.attention_backward(q, dqc, emb, wq, wk, gate, **grads),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[16384, 65536])
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args()
+    import cupy as cp
+
+    print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; µs per call (median of {args.repeats})")
+    print("| B | kernel | µs |")
+    print("|---|---|---|")
+    for B in args.batches:
+        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B)}
+        for name, fn in cases.items():
+            print(f"| {B} | {name} | {graph_us(fn, args.repeats):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
