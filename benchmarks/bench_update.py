@@ -8,6 +8,9 @@ In one run on one GPU, for each batch size:
 * ``foxhunt eager``: the same update launched kernel by kernel (for the graph's share);
 * ``foxhunt gemmex``: the graph replay with every GEMM through ``cublasGemmEx`` instead of
   cuBLASLt (no fused epilogues; for cuBLASLt's share);
+* ``foxhunt 1 stream``: the graph replay with everything on one stream (no weight gradients
+  beside the input gradients, no target forward beside the online ones; for the side stream's
+  share);
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
   loss inside a hand-captured graph, the strongest peer), from benchmarks/torch_peer.py, which
@@ -75,19 +78,23 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
     return out
 
 
-def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False) -> float:
+def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
+                  side_stream: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
-    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up)."""
-    from foxhunt_core.gpu import cublaslt
+    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
+    ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``)."""
+    from foxhunt_core.gpu import cublaslt, streams
 
     cublaslt.set_enabled(lt)
     was = cublaslt.autotune_enabled()
     cublaslt.set_autotune(tune)
+    streams.set_enabled(side_stream)
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
+        streams.set_enabled(True)
 
 
 def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
@@ -207,6 +214,7 @@ def main() -> int:
         res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True)
         res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False)
         res["foxhunt gemmex"] = bench_foxhunt(B, args.repeats, graphs=True, lt=False)
+        res["foxhunt 1 stream"] = bench_foxhunt(B, args.repeats, graphs=True, side_stream=False)
         res["foxhunt tuned"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True)
         if not args.skip_torch:
             for kind in ("eager", "compile", "graph", "compile+graph"):
@@ -221,7 +229,8 @@ def main() -> int:
         print(json.dumps(res), flush=True)
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
-    cols = ["foxhunt", "foxhunt tuned", "foxhunt eager", "foxhunt gemmex", "torch eager", "torch compile",
+    cols = ["foxhunt", "foxhunt tuned", "foxhunt eager", "foxhunt gemmex", "foxhunt 1 stream", "torch eager",
+            "torch compile",
             "torch graph", "torch compile+graph"]
     cols = [c for c in cols if c in rows[0]]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")

@@ -165,17 +165,15 @@ class Agent:
         """``gamma (1 - terminal)`` [B]."""
         return (self.settings.train.gamma * (1.0 - batch["terminal"])).astype(self.dtype, copy=False)
 
-    def _bootstrap_fused(self, batch: dict[str, Array], online_next: NetOutput,
-                         tgt_probs: Array) -> tuple[Array, Array, Array]:
-        """:meth:`bootstrap` on the fused GPU path, without the gather, from the online
-        network's E[Q] at ``s'`` and the target network's probabilities there (every action):
-        ``(tgt_probs, absolute index of each branch's bootstrap action [B, D], discounts)``;
-        the loss kernel reads the rows."""
+    def _bootstrap_fused(self, batch: dict[str, Array], online_next: NetOutput) -> tuple[Array, Array]:
+        """:meth:`bootstrap` on the fused GPU path, from the online network's E[Q] at ``s'``:
+        ``(absolute index of each branch's bootstrap action [B, D], discounts)``; the loss
+        kernel forms those actions' target distributions from the target network's heads."""
         from .gpu import kernels as K
 
         sel = self._qpipe(self.online, online_next)
         a_star = K.branch_argmax(self.xp.ascontiguousarray(sel.q_coord), self.offsets, absolute=True)
-        return tgt_probs, a_star, self._discount(batch)
+        return a_star, self._discount(batch)
 
     def targets(self, batch: dict[str, Array]) -> Array:
         """Projected C51 targets [B, num_branches, N] for a batch."""
@@ -206,7 +204,7 @@ class Agent:
             from .net import fused as F
 
             # The online forward on s (kept for the backward), the online forward on s' (E[Q]
-            # only) and the target forward on s' (probabilities only) as one set of launches:
+            # only) and the target forward on s' (its heads only) as one set of launches:
             # the online parameters' twin, refreshed here, sits between the online and the target
             # parameters at the same stride (see __init__).
             nxt = batch["next_obs"]
@@ -215,16 +213,17 @@ class Agent:
                 K.copy(self._online_twin.buffer, self._flats[0].buffer)
                 online_next = self._online_twin.tree
             out, on_next, tgt = self.net.forward_many(
-                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, ("q",)), (self.target, nxt, ("probs",))],
+                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, ("q",)), (self.target, nxt, (F.HEADS,))],
                 keep_cache=True)
-            # Bootstrap, projection, loss and its gradient over all actions: the gathers of the
-            # chosen rows and the scatter of the gradient happen inside the loss kernel.
-            tgt_probs, a_star, disc = self._bootstrap_fused(batch, on_next, tgt.probs)
+            # Bootstrap, projection, loss and its gradient over all actions: the bootstrap
+            # actions' target distributions (from the target's heads), the gather of the taken
+            # rows and the scatter of the gradient happen inside the loss kernel.
+            a_star, disc = self._bootstrap_fused(batch, on_next)
             coeff = entropy_coeff if hasattr(entropy_coeff, "shape") else float(entropy_coeff)
             stats = xp.empty((3, B, D), dtype=xp.float32)  # loss, entropy, squared auxiliary error
             y = xp.empty((B, D), dtype=xp.float32)  # E[m_d], the auxiliary loss's target
             _, dlogits, loss, ent = K.c51_target_loss(
-                tgt_probs, batch["reward"], disc, out.log_probs, self.z, coeff,
+                None, batch["reward"], disc, out.log_probs, self.z, coeff, next_heads=tgt.heads,
                 next_action=a_star, action=idx, offsets=self.offsets, dlogits_full=True,
                 loss=stats[0], entropy=stats[1], write_m=False, m_mean=y)
             grads = self.net.backward(self.online, out, dlogits, grads_into=self.opt.grad_slots())

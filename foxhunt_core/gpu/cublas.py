@@ -66,22 +66,27 @@ def _load() -> Any:
 
 class _Handle:
     def __init__(self) -> None:
-        import cupy
-
         lib = _load()
         h = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
         self.ptr = h
         self.stream = None
-        self.workspace = cupy.cuda.memory.alloc(WORKSPACE_BYTES)  # persistent, outside any pool
+        # One workspace per stream: GEMMs on two streams may run at once. Made at a stream's first
+        # GEMM (the update's warm-up runs before its capture) and kept.
+        self.workspaces: dict[int, Any] = {}
 
     def bind(self, stream_ptr: int) -> None:
         if stream_ptr != self.stream:
+            import cupy
+
             lib = _load()
+            ws = self.workspaces.get(stream_ptr)
+            if ws is None:
+                ws = self.workspaces[stream_ptr] = cupy.cuda.memory.alloc(WORKSPACE_BYTES)
             _check(lib.cublasSetStream_v2(self.ptr, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
-            # Setting the stream resets the workspace to cuBLAS's own pool: give ours back.
-            _check(lib.cublasSetWorkspace_v2(self.ptr, ctypes.c_void_p(self.workspace.ptr),
-                                             WORKSPACE_BYTES), "cublasSetWorkspace")
+            # Setting the stream resets the workspace to cuBLAS's own pool: give the stream's back.
+            _check(lib.cublasSetWorkspace_v2(self.ptr, ctypes.c_void_p(ws.ptr), WORKSPACE_BYTES),
+                   "cublasSetWorkspace")
             self.stream = stream_ptr
 
 

@@ -138,7 +138,9 @@ def _check(status: int, what: str) -> None:
         raise CublasLtError(f"{what} failed with cuBLAS status {status}")
 
 
-def _handle() -> tuple[Any, Any]:
+def _handle(stream_ptr: int | None = None) -> tuple[Any, Any]:
+    """The device's handle and the workspace of ``stream_ptr`` (one per stream: GEMMs on two
+    streams may run at once, and a split-K GEMM keeps its partial sums there)."""
     import cupy
 
     dev = cupy.cuda.Device().id
@@ -147,8 +149,13 @@ def _handle() -> tuple[Any, Any]:
         lib = _load()
         ptr = ctypes.c_void_p()
         _check(lib.cublasLtCreate(ctypes.byref(ptr)), "cublasLtCreate")
-        h = _handles[dev] = (ptr, cupy.cuda.memory.alloc(WORKSPACE_BYTES))  # outside any pool
-    return h
+        h = _handles[dev] = (ptr, {})
+    if stream_ptr is None:
+        return h[0], None
+    ws = h[1].get(stream_ptr)
+    if ws is None:  # made on the stream's first GEMM (the update's warm-up runs before its capture)
+        ws = h[1][stream_ptr] = cupy.cuda.memory.alloc(WORKSPACE_BYTES)
+    return h[0], ws
 
 
 def _alignment(ptr: int) -> int:
@@ -282,7 +289,7 @@ def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: in
     lib = _load()
     if bias_ptr:  # the plan is shared by every call of this shape: point it at this call's vector
         _set(lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
-    h, workspace = _handle()
+    h, workspace = _handle(stream_ptr)
     alpha, cbeta = ctypes.c_float(1.0), ctypes.c_float(beta)
     la, lb, lc = plan.layouts
     vp = ctypes.c_void_p

@@ -371,7 +371,7 @@ def expected_q_backward(
 
 # ------------------------------------------------------------------ c51_loss.cu
 def c51_target_loss(
-    p_next: Array,
+    p_next: Array | None,
     reward: Array,
     discount: Array,
     log_probs_taken: Array,
@@ -389,13 +389,19 @@ def c51_target_loss(
     entropy: Array | None = None,
     write_m: bool = True,
     m_mean: Array | None = None,
+    next_heads: tuple[Array, Array] | None = None,
 ) -> tuple[Array | None, Array, Array, Array]:
     """C51 target projection (Eq. 7) and the loss ``CE(m, p) - entropy_coeff H(p)`` per (b, d).
 
     Args:
         p_next: [B, D, N] target distribution of each branch's bootstrap action; or, with
             ``next_action`` [B, D] (absolute action indices, int64), the target network's whole
-            [B, A, N] output, read at those actions.
+            [B, A, N] output, read at those actions; or None with ``next_heads``.
+        next_heads: ``(v, adv)``, the target network's value head [B, N rounded up to 4] and
+            advantage row [B, W] in the GPU network's padded layout (any row pitch; see
+            :func:`dueling_softmax_forward`): the kernel forms each bootstrap action's
+            distribution itself (the dueling aggregation and softmax of that action alone).
+            Needs ``next_action`` and ``offsets``.
         reward, discount: [B]; ``discount = gamma (1 - terminal)``.
         log_probs_taken: [B, D, N] online log-probabilities of the taken actions; or, with
             ``action`` [B, D], the whole [B, A, N] online output read at those actions.
@@ -419,13 +425,18 @@ def c51_target_loss(
         if idx is not None:
             check_array(k, name, idx, np.int64, (B, None))
             D = idx.shape[1]
-    check_array(k, "p_next", p_next, F32, (B, None, None))
-    N = p_next.shape[2]
-    A = None
-    if next_action is not None:
-        A = p_next.shape[1]
+    if next_heads is not None:
+        if p_next is not None or next_action is None or offsets is None:
+            raise ValueError(f"{k}: next_heads replaces p_next and needs next_action and offsets")
+        check_array(k, "z", z, F32, (None,))
+        N = z.shape[0]
+        A = int(offsets[-1])
     else:
-        D = p_next.shape[1]
+        check_array(k, "p_next", p_next, F32, (B, None, None))
+        N = p_next.shape[2]
+        A = p_next.shape[1] if next_action is not None else None
+        if next_action is None:
+            D = p_next.shape[1]
     if action is not None:
         check_array(k, "log_probs_taken", log_probs_taken, F32, (B, None, N))
         A = log_probs_taken.shape[1] if A is None else A
@@ -438,13 +449,19 @@ def c51_target_loss(
     check_array(k, "discount", discount, F32, (B,))
     check_array(k, "z", z, F32, (N,))
     defines: dict[str, str] = {"NUM_ATOMS": str(N)}
-    if dlogits_full:
-        if action is None or offsets is None:
+    v_next = adv_next = None
+    v_pitch = adv_pitch = 0
+    if dlogits_full or next_heads is not None:
+        if dlogits_full and (action is None or offsets is None):
             raise ValueError(f"{k}: dlogits_full needs action and offsets")
         offs = validate_offsets(k, offsets, A)
         if len(offs) - 1 != D:
-            raise ValueError(f"{k}: action has {D} branches, offsets {offs} have {len(offs) - 1}")
-        defines = branch_defines(offs, N)
+            raise ValueError(f"{k}: the actions have {D} branches, offsets {offs} have {len(offs) - 1}")
+        defines = branch_defines(offs, N, HEAD_ALIGN)
+        if next_heads is not None:
+            v_next, adv_next = next_heads
+            v_pitch = _rows_view(k, "next_heads v", v_next, (B, pad_to(N, HEAD_ALIGN)))
+            adv_pitch = _rows_view(k, "next_heads adv", adv_next, (B, head_columns(offs, N, HEAD_ALIGN)[-1]))
     scale = 1.0 / (B * D) if grad_scale is None else float(grad_scale)
     m = output(k, "m", m, (B, D, N)) if write_m else None
     if m_mean is not None:
@@ -463,7 +480,8 @@ def c51_target_loss(
     fn(
         (blocks_for(B * D, WARPS, ROW_BLOCKS_PER_SM * sm_count()),),  # warps walk several rows
         (THREADS,),
-        (p_next, next_action, reward, discount, log_probs_taken, action, z, coeff, f32(scale),
+        (p_next, v_next, i32(v_pitch), adv_next, i32(adv_pitch), next_action, reward, discount, log_probs_taken,
+         action, z, coeff, f32(scale),
          m, dlogits, loss, entropy, m_mean, i32(B), i32(D), i32(A or 0), i32(int(dlogits_full))),
     )
     return m, dlogits, loss, entropy

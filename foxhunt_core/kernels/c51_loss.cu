@@ -15,6 +15,13 @@
 // and U_k, are taken by a segmented reduction over the warp (no atomics, deterministic), written
 // to slot k of two shared arrays (U one slot up), and m_i = L_i + U_{i-1}.
 //
+// The bootstrap distribution from the target network's heads (``heads`` form, the update's): the
+// warp forms p_next of row (b, d) itself from the target's value row v[b] and branch d's
+// advantages adv[b, d] (padded layout, as dueling.cu's), exactly as dueling_softmax_forward does
+// for the action next_action[b, d]:
+//   l_j = (v_j + adv_{a*, j}) - mean_{a in d} adv_{a, j},  p = exp(l - logsumexp(l))
+// so the target forward writes no probabilities and runs no dueling kernel for them.
+//
 // Thread mapping: one warp per row (b, d) at a time, lane l holds the APL consecutive atoms
 // APL l .. APL l + APL - 1 (consecutive, so that a lane sums the part of a run it holds in
 // registers and the warp only joins the parts across lanes). Rows are walked with a grid stride;
@@ -32,8 +39,14 @@
 #define C51_BLOCKS_PER_SM (C51_APL <= 2 ? 4 : 3)
 #define FULL_MASK 0xffffffffu
 
-// Branch boundaries, read only when dlogits_full (the wrapper then compiles with the layout).
+#ifndef ADV_COLUMNS
+#define ADV_COLUMNS {0, 153, 306, 459, 612}
+#endif
+
+// Branch boundaries and the advantage row's branch blocks, read only with dlogits_full or the
+// heads form (the wrapper then compiles with the layout).
 __constant__ int kC51BranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+__constant__ int kC51AdvColumns[NUM_BRANCHES + 1] = ADV_COLUMNS;
 
 // A row's place: its index in [B * D], its sample b and its branch d.
 struct C51Pos {
@@ -43,9 +56,22 @@ struct C51Pos {
 // What a row reads, loaded one row ahead of its turn.
 struct C51Inputs {
     float lp[C51_APL];  // log-probabilities of the taken action
-    float pn[C51_APL];  // target probabilities of the bootstrap action
+    float pn[C51_APL];  // target probabilities of the bootstrap action (heads form: its raw logit)
+    float am[C51_APL];  // heads form: the branch's mean advantage
     float r, g;         // reward, discount
 };
+
+// Warp-wide max / sum.
+__device__ __forceinline__ float c51_warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+__device__ __forceinline__ float c51_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
+    return x;
+}
 
 // m = project(p_next, reward, discount); loss = CE(m, p) - beta H(p);
 // dlogits = grad_scale * ((p - m) + beta p (log p + H)), p = exp(log_probs).
@@ -55,9 +81,15 @@ struct C51Inputs {
 // next_action[b, d] / action[b, d] (absolute indices); without, they are [B, D, N] already
 // gathered. With dlogits_full, the gradient is written over all A actions of [B, A, N]: the
 // taken action's row, zeros for the branch's other actions (no separate scatter).
+// Heads form: v_next (rows v_pitch apart) and adv_next (rows adv_pitch apart) given, p_next null,
+// next_action given (absolute indices).
 // Indices are 32-bit up to the element offsets (B * max(A, D) < 2^32).
 extern "C" __global__ void __launch_bounds__(C51_WARPS * 32, C51_BLOCKS_PER_SM) c51_target_loss(
-    const float* __restrict__ p_next,     // [B, D, N], or [B, A, N] with next_action
+    const float* __restrict__ p_next,     // [B, D, N], or [B, A, N] with next_action; null in the heads form
+    const float* __restrict__ v_next,     // heads form: [B, >= N] the target's value head, else null
+    int v_pitch,
+    const float* __restrict__ adv_next,   // heads form: [B, c_D] the target's advantage row, else null
+    int adv_pitch,
     const long long* __restrict__ next_action,  // [B, D] or null
     const float* __restrict__ reward,     // [B]
     const float* __restrict__ discount,   // [B] gamma * (1 - terminal)
@@ -124,9 +156,35 @@ extern "C" __global__ void __launch_bounds__(C51_WARPS * 32, C51_BLOCKS_PER_SM) 
         const unsigned lrow = action != nullptr ? b * num_actions + a_taken : row;
         const unsigned prow = next_action != nullptr ? b * num_actions + a_next : row;
         const float* lps = log_probs + (size_t)lrow * NUM_ATOMS;
-        const float* pns = p_next + (size_t)prow * NUM_ATOMS;
         in.r = reward[b];
         in.g = discount[b];
+        if (v_next != nullptr) {  // the raw logit of the bootstrap action and the branch's mean
+            const unsigned d = live ? p.d : 0u;
+            const int a0 = kC51BranchOffsets[d], n = kC51BranchOffsets[d + 1] - a0;
+            const int i_next = live ? a_next - a0 : 0;
+            const float* vs = v_next + (size_t)b * v_pitch;
+            const float* as = adv_next + (size_t)b * adv_pitch + kC51AdvColumns[d];
+#pragma unroll
+            for (int t = 0; t < C51_APL; ++t) {
+                const int e = min(e0 + t, NUM_ATOMS - 1);
+                const bool pad = e0 + t >= NUM_ATOMS;
+                float sum = 0.0f, own = 0.0f;
+#pragma unroll
+                for (int k = 0; k < MAX_BRANCH_SIZE; ++k) {
+                    if (k < n) {
+                        const float x = as[k * NUM_ATOMS + e];
+                        sum += x;
+                        if (k == i_next) own = x;
+                    }
+                }
+                const float lp = lps[e], vv = vs[e];
+                in.lp[t] = pad ? 0.0f : lp;
+                in.pn[t] = vv + own;
+                in.am[t] = sum / (float)n;
+            }
+            return;
+        }
+        const float* pns = p_next + (size_t)prow * NUM_ATOMS;
 #pragma unroll
         for (int t = 0; t < C51_APL; ++t) {
             const int e = min(e0 + t, NUM_ATOMS - 1);  // padding reads the last atom and drops it
@@ -154,6 +212,26 @@ extern "C" __global__ void __launch_bounds__(C51_WARPS * 32, C51_BLOCKS_PER_SM) 
         load_inputs(pos1, taken1, next1, in1);
         const C51Pos pos2 = advance(pos1);
         const int taken2 = load_index(action, pos2), next2 = load_index(next_action, pos2);
+        if (v_next != nullptr) {
+            // The bootstrap action's log-softmax over atoms (as dueling_softmax_forward: the max
+            // subtracted first, then log of the sum of exponentials), then its probabilities.
+            float mx = __int_as_float(0xff800000);
+#pragma unroll
+            for (int t = 0; t < C51_APL; ++t) {
+                in.pn[t] = e0 + t < NUM_ATOMS ? in.pn[t] - in.am[t] : __int_as_float(0xff800000);
+                mx = fmaxf(mx, in.pn[t]);
+            }
+            mx = c51_warp_max(mx);
+            float se = 0.0f;
+#pragma unroll
+            for (int t = 0; t < C51_APL; ++t) {
+                in.pn[t] -= mx;  // padding stays at -inf: exp gives 0
+                se += expf(in.pn[t]);
+            }
+            const float lse = logf(c51_warp_sum(se));
+#pragma unroll
+            for (int t = 0; t < C51_APL; ++t) in.pn[t] = expf(in.pn[t] - lse);
+        }
 
         // Fractional index b, key floor(b) (as a float) and the two shares of each atom this lane holds.
         float key[C51_APL], wl[C51_APL], wu[C51_APL];

@@ -32,7 +32,8 @@ as few launches as possible:
   (:meth:`foxhunt_core.gpu.flat.FlatTree.stacked`) its forward on s' runs in the same
   strided-batched GEMMs and kernels too (up to :data:`STACK_MAX_ROWS` rows; beyond, plain GEMMs
   are faster). Each forward (segment) writes only what its caller reads: the bootstrap needs
-  only E[Q] from the online network and the probabilities from the target network.
+  only E[Q] from the online network, and from the target network only its heads, from which
+  the C51 loss kernel forms the bootstrap actions' distributions.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
   advantage layer's another, so the branches after the direction branch run their GLUs as one
   GEMM and one kernel, forward and backward.
@@ -52,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..gpu import cublas
+from ..gpu import cublas, streams
 from ..gpu import kernels as K
 from ..gpu.flat import storage_of
 from ..gpu.launch import HEAD_ALIGN, head_columns, padded
@@ -61,6 +62,10 @@ Array = Any
 Shape = tuple[int, ...]
 DIRECTION, MAGNITUDE = 0, 1
 ALL_OUTPUTS = ("log_probs", "probs", "q", "var")
+# A segment may also ask for "heads": its value head and advantage row as the GEMMs wrote them
+# (NetOutput.heads). A segment that asks for nothing else runs no dueling kernel past the
+# direction branch's (whose Q the magnitude branch reads).
+HEADS = "heads"
 
 
 def mm(a: Array, b: Array, out: Array | None = None, beta: float = 0.0, **kw: Any) -> Array:
@@ -268,15 +273,26 @@ def forward_segments(net: Any, segments: Sequence[tuple[dict, Array, Sequence[st
         rows = {x.shape[0] for _, x, _ in segs}
         if stride is not None and (stride == 0 or (len(rows) == 1 and stacks(net, rows.pop()))) and len(segs) <= 3:
             return _forward_group(net, segs, keep_cache, stride)
-    outs: list = []
+    runs = []
     i = 0
     while i < len(segs):  # runs of one parameter tree, each as one forward
         j = i + 1
         while pairs(net) and j < len(segs) and j - i < 3 and segs[j][0] is segs[i][0]:
             j += 1
-        outs += _forward_group(net, segs[i:j], keep_cache and i == 0, 0)
+        runs.append((i, j))
         i = j
-    return outs
+    outs: list = []
+    # The runs after the first are independent of it: on the side stream they overlap it (the
+    # update's target forward beside its online forwards, past the stacking threshold).
+    side = pairs(net) and len(runs) > 1
+    for i, j in runs[1:] if side else []:
+        with streams.beside():
+            outs.append((i, _forward_group(net, segs[i:j], False, 0)))
+    for i, j in runs[: 1 if side else len(runs)]:
+        outs.append((i, _forward_group(net, segs[i:j], keep_cache and i == 0, 0)))
+    if side:
+        streams.join()
+    return [o for _, group in sorted(outs, key=lambda t: t[0]) for o in group]
 
 
 def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], keep_cache: bool,
@@ -330,13 +346,24 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     res["q"] = cp.empty((R, A), dtype=cp.float32)
     use_z = [not net.extra_width[d] for d in range(D)]  # the branch's input is the augmented z
 
+    kernel_wants = [tuple(x for x in w if x != HEADS) for w in wants]
+    needs = [bool(w) for w in kernel_wants]  # (E[Q] comes with any of the kernel's outputs)
+
     def dueling(branches: tuple[int, int]) -> None:
         zq = z[:, H2 : H2 + n_dir] if branches[0] == DIRECTION and use_z[MAGNITUDE] else None
-        if len(set(rows)) == 1:  # one launch, each segment writing what it wants
-            K.dueling_softmax_forward(v, adv, z_sup, offs, branches=branches, segments=wants, zq=zq,
-                                      zq_scale=1.0 / net.q_scale, **res)
+        # Every segment for the direction branch (the magnitude branch reads its Q), past it only
+        # up to the last segment that wants something of it.
+        first = branches[0] == DIRECTION
+        n = len(segs) if first else max((i + 1 for i, x in enumerate(needs) if x), default=0)
+        if n and len(set(rows)) == 1:  # one launch, each segment writing what it wants
+            r1 = starts[n]
+            outs = {k: (a[:r1] if a is not None else None) for k, a in res.items()}
+            K.dueling_softmax_forward(v[:r1], adv[:r1], z_sup, offs, branches=branches, segments=kernel_wants[:n],
+                                      zq=zq, zq_scale=1.0 / net.q_scale, **outs)
             return
-        for i, w in enumerate(wants):
+        for i, w in enumerate(kernel_wants[:n]):
+            if not (w or first):
+                continue
             r0, r1 = starts[i], starts[i + 1]
             outs = {k: (a[r0:r1] if a is not None and (k in w or k == "q") else None) for k, a in res.items()}
             K.dueling_softmax_forward(v[r0:r1], adv[r0:r1], z_sup, offs, branches=branches, want=w,
@@ -387,9 +414,9 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     for i, w in enumerate(wants):
         r0, r1 = starts[i], starts[i + 1]
 
-        def part(name: str, _w: tuple = w, _r0: int = r0, _r1: int = r1) -> Array | None:
+        def part(name: str, _w: tuple = w, _r0: int = r0, _r1: int = r1, _n: bool = needs[i]) -> Array | None:
             a = res[name]
-            return a[_r0:_r1] if a is not None and (name in _w or name == "q") else None
+            return a[_r0:_r1] if a is not None and (name in _w or (name == "q" and _n)) else None
 
         cache = None
         if keep_cache and i == 0:
@@ -398,7 +425,8 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         # The kernel returns normalised logits (log-probabilities); they differ from the raw
         # dueling logits by a per-distribution constant, which no consumer depends on.
         lp = part("log_probs")
-        outs.append(NetOutput(lp, part("probs"), lp, cache, q=part("q"), var=part("var")))
+        outs.append(NetOutput(lp, part("probs"), lp, cache, q=part("q"), var=part("var"),
+                              heads=(v[r0:r1], adv[r0:r1]) if HEADS in w else None))
     return outs
 
 
@@ -521,6 +549,10 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     Wh = h_width(net)
     dh_all = cp.empty((B, D * H), dtype=cp.float32)  # every branch's GLU output gradient
     dz = (cp.zeros if net.branch_inputs else cp.empty)((B, z.shape[1]), dtype=cp.float32)
+    # Whether z carries the direction-Q columns (the magnitude branch reads z): only the magnitude
+    # branch's weights meet them, so every other weight gradient is zero over those rows. (The
+    # weight gradients run beside the input gradients, on the side stream: see gpu/streams.py.)
+    use_zq = not net.extra_width[MAGNITUDE]
     dz_started = bool(net.branch_inputs)
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the
@@ -539,15 +571,19 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             home, col = out_home(net, d0)
             mm(dadv[:, hcol[d0] : hcol[d0] + w], block(home)[:H, col : col + w].T, out=dh_all[:, H * d0 : H * (d0 + 1)],
                batch=(n, w, w, H))
+        wgrads = []
         for d in g:
             home, col = out_home(net, d)
             w = hcol[d + 1] - hcol[d]
             dh = dadv[:, hcol[d] : hcol[d + 1]]  # zeros in the padding
             if not _uniform(net, g):
                 mm(dh, block(home)[:H, col : col + w].T, out=dh_all[:, H * d : H * (d + 1)])
+            wgrads.append((h_all[:, Wh * d : Wh * (d + 1)].T, dh, grad_block(home)[:, col : col + w]))
+        with streams.beside():
             # One GEMM each: cuBLAS splits their long K = B reduction, which it never does inside a
             # strided batch (one batched GEMM measured 1.5-3x slower: benchmarks/bench_stack.py).
-            mm(h_all[:, Wh * d : Wh * (d + 1)].T, dh, out=grad_block(home)[:, col : col + w])
+            for x, dy, gw_out in wgrads:
+                mm(x, dy, out=gw_out)
         dpv = pv_all[:, 2 * H * d0 : 2 * H * d1]  # [d pre_gate | d val] ..., written over the forward's
         if sigmoid_gate:
             K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
@@ -563,13 +599,14 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         wj = block(home)[:, col : col + 2 * H * n]
         gw = grad_block(home)[:, col : col + 2 * H * n]
         bu = c["branches"][d0]["u"]  # (a branch with extra input columns is a group of its own)
-        mm(z.T if bu is None else bu.T, dpv, out=gw)  # weights and (ones column) biases
-        if MAGNITUDE in g and bu is None and n > 1:
-            # The direction-Q columns of z meet only the magnitude branch's weights: the other
-            # branches' gradients over those rows of the block are zero.
-            for i, d in enumerate(g):
-                if d != MAGNITUDE:
-                    gw[H2 : H2 + n_dir, 2 * H * i : 2 * H * (i + 1)] = 0.0
+        with streams.beside():
+            mm(z.T if bu is None else bu.T, dpv, out=gw)  # weights and (ones column) biases
+            if bu is None and use_zq:
+                # The direction-Q columns of z meet only the magnitude branch's weights: the other
+                # branches' gradients over those rows of the block are zero.
+                for i, d in enumerate(g):
+                    if d != MAGNITUDE:
+                        gw[H2 : H2 + n_dir, 2 * H * i : 2 * H * (i + 1)] = 0.0
         if bu is None:  # K = n 2H: every branch's gate and value at once, into every column of dz
             mm(dpv, wj.T, out=dz, beta=1.0 if dz_started else 0.0)
             dz_started = True
@@ -586,10 +623,6 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     dq = dz[:, H2 : H2 + n_dir] if dxq is None else dxq[:, :n_dir]
     K.dueling_backward(dlogits, z_sup, offs, branches=(0, 1), accumulate_dv=True, dq=dq, dq_scale=1.0 / net.q_scale,
                        probs=out.probs, q=c["q"], dv=dv, dadv=dadv, padded=True)
-    if dxq is None:
-        # Only the magnitude branch's weights see the direction-Q columns of z: the heads still
-        # to come must see zeros there.
-        z[:, H2 : H2 + n_dir] = 0.0
     for gr in groups:
         if gr is not first:
             dxes[gr[0]] = group_backward(gr)
@@ -602,15 +635,24 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 col += st.width
 
     mm(dv, block("value.w").T, out=dz, beta=1.0)
-    mm(z.T, dv, out=grad_block("value.w"))  # weights and (ones column) bias
+    gv = grad_block("value.w")
+    with streams.beside():
+        mm(z.T, dv, out=gv)  # weights and (ones column) bias
+        if use_zq:
+            gv[H2 : H2 + n_dir] = 0.0
     dh2_mask, dmpre = K.vsn_backward(dz[:, :H2], c["h2"], c["m"])
-    mm(c["h2"].T, dmpre, out=slot("vsn.w"))
-    colsum(dmpre, slot("vsn.b"))
+    gm, gmb = slot("vsn.w"), slot("vsn.b")
+    with streams.beside():
+        mm(c["h2"].T, dmpre, out=gm)
+        colsum(dmpre, gmb)
     dh2 = K.relu_backward(dh2_mask, c["h2"], addend=mm(dmpre, p["vsn.w"].T))
-    mm(c["h1"].T, dh2, out=slot("trunk.w2"))
-    colsum(dh2, slot("trunk.b2"))
+    g2, g2b = slot("trunk.w2"), slot("trunk.b2")
+    with streams.beside():
+        mm(c["h1"].T, dh2, out=g2)
+        colsum(dh2, g2b)
     dh1 = K.relu_backward(mm(dh2, p["trunk.w2"].T), c["h1"])
     mm(c["x"].T, dh1, out=grad_block("trunk.w1"))  # weights and (ones column) bias
+    streams.join()  # the weight gradients above ran beside the input gradients
     for dst, blk in pending:
         dst[...] = blk
 

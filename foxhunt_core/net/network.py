@@ -66,6 +66,9 @@ class NetOutput:
     q: Array | None = None  # [B, A] expected Q, when the forward computed it anyway
     var: Array | None = None  # [B, A] Var[Q], likewise
     q_next: Array | None = None  # [B', A] expected Q of next_obs, when a fused forward carried it along
+    # (value head, advantage row) in the GPU network's padded layout, when a fused forward was asked
+    # for "heads" (the C51 loss kernel forms the bootstrap distributions from them)
+    heads: tuple[Array, Array] | None = None
 
 
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float) -> np.ndarray:

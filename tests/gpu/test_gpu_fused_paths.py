@@ -173,6 +173,52 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
 
 
 @pytest.mark.parametrize("N,offsets", LAYOUTS)
+def test_c51_loss_from_the_target_heads(cp, rng, N, offsets):
+    """The update's form: the loss kernel forms each bootstrap action's target distribution from
+    the target network's value head and advantage row (padded layout, NaN in the padding, row
+    pitches of wider arrays), as the dueling forward would; against NumPy on the gathered rows.
+    B is not a multiple of the rows a block takes, so the grid stride ends anywhere."""
+    B, A = 2003, offsets[-1]
+    D = len(offsets) - 1
+    sizes = np.diff(offsets)
+    Nv, W = padded(N), head_columns(offsets, N, 4)[-1]
+    z = np.linspace(-10.0, 10.0, N, dtype=np.float32)
+    v = rng.normal(0, 1.5, (B, N)).astype(np.float32)
+    adv = rng.normal(0, 1.5, (B, A, N)).astype(np.float32)
+    v_pad = np.full((B, Nv + 8), np.nan, np.float32)
+    v_pad[:, 4 : 4 + N] = v
+    adv_pad = R.columns_from_adv(adv, offsets)
+    adv_pad[adv_pad == 0.0] = np.nan  # only the padding is exactly zero
+    adv_wide = np.full((B, W + 12), np.nan, np.float32)
+    adv_wide[:, 12:] = adv_pad
+    tgt = R.dueling_softmax_forward(host64(v), host64(adv), host64(z), offsets)[1]
+    logp = L.log_softmax(rng.normal(0, 1.5, (B, A, N))).astype(np.float32)
+    reward = rng.uniform(-12, 12, B).astype(np.float32)
+    discount = (0.99 * (rng.random(B) > 0.2)).astype(np.float32)
+    a_next = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    a_taken = (rng.integers(0, 99, (B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
+    dv, dadv = to_dev(cp, v_pad), to_dev(cp, adv_wide)
+    m_mean = nan_like(cp, (B, D))
+    outs = dict(m=nan_like(cp, (B, D, N)), dlogits=nan_like(cp, (B, A, N)),
+                loss=nan_like(cp, (B, D)), entropy=nan_like(cp, (B, D)))
+    got = K.c51_target_loss(None, to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp), to_dev(cp, z), 0.01,
+                            next_heads=(dv[:, 4 : 4 + Nv], dadv[:, 12:]), next_action=cp.asarray(a_next),
+                            action=cp.asarray(a_taken), offsets=offsets, dlogits_full=True, m_mean=m_mean, **outs)
+    rm, rdl, rloss, rent = R.c51_target_loss(
+        R.gather_actions(tgt, a_next), host64(reward), host64(discount),
+        R.gather_actions(host64(logp), a_taken), host64(z), 0.01)
+    assert_close("m", got[0], rm, TOL)
+    assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, A), TOL)
+    assert_close("loss", got[2], rloss, TOL)
+    assert_close("entropy", got[3], rent, TOL)
+    assert_close("E[m]", m_mean, (rm * host64(z)).sum(-1), TOL)
+    with pytest.raises(ValueError, match="next_heads replaces p_next"):
+        K.c51_target_loss(to_dev(cp, logp), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
+                          to_dev(cp, z), 0.01, next_heads=(dv[:, 4 : 4 + Nv], dadv[:, 12:]),
+                          next_action=cp.asarray(a_next), offsets=offsets)
+
+
+@pytest.mark.parametrize("N,offsets", LAYOUTS)
 def test_dueling_forward_in_segments(cp, rng, N, offsets):
     """Three forwards in one launch (the update's online s, online s', target s'), each writing
     only its outputs, in the padded layout; the direction branch's Q scaled into a column block of

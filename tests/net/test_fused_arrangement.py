@@ -14,6 +14,7 @@ themselves are checked against the same twins on the GPU (``tests/gpu``).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 
@@ -137,6 +138,11 @@ def _kernels() -> types.SimpleNamespace:
         dueling_softmax_forward, dueling_backward)})
 
 
+def _one_stream() -> types.SimpleNamespace:
+    """No side stream: the work queued beside the main stream runs in line."""
+    return types.SimpleNamespace(beside=contextlib.nullcontext, join=lambda: None)
+
+
 def _blas() -> types.SimpleNamespace:
     def matmul(a, b, out=None, beta=0.0, bias=None, relu=False, stack=None, batch=None):
         if batch is not None and batch[0] > 1:  # product i: each operand i * its stride further on
@@ -186,6 +192,7 @@ def numpy_fused(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _numpy_cupy())
     monkeypatch.setattr(fused, "K", _kernels())
     monkeypatch.setattr(fused, "cublas", _blas())
+    monkeypatch.setattr(fused, "streams", _one_stream())
     return fused
 
 
@@ -362,10 +369,18 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
         return real(a, b, out=out, beta=beta, bias=bias, relu=relu, stack=stack, batch=batch)
 
     monkeypatch.setattr(fused.cublas, "matmul", counting)
+    dueling_rows = []
+    real_dueling = fused.K.dueling_softmax_forward
+
+    def dueling_counting(v, adv, z, offsets, **kw):
+        dueling_rows.append((kw.get("branches"), v.shape[0]))
+        return real_dueling(v, adv, z, offsets, **kw)
+
+    monkeypatch.setattr(fused.K, "dueling_softmax_forward", dueling_counting)
     obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
     twin = online if large else copy
     got, got_next, got_target = numpy_fused.forward_segments(
-        net, [(online.tree, obs, ("log_probs",)), (twin.tree, nxt, ("q",)), (target.tree, nxt, ("probs",))],
+        net, [(online.tree, obs, ("log_probs",)), (twin.tree, nxt, ("q",)), (target.tree, nxt, (fused.HEADS,))],
         keep_cache=True)
     if large:
         assert all(s is None for s in stacks)
@@ -375,9 +390,20 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
     np.testing.assert_allclose(got.log_probs, ref.log_probs, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got.probs, ref.probs, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(got_next.q, (net.forward(tree, nxt).probs * net.support64).sum(-1), rtol=1e-10)
-    np.testing.assert_allclose(got_target.probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
+    # The target forward's heads: the dueling aggregation over them is the target network's output;
+    # only the direction branch's dueling kernel ran over its rows (the magnitude branch reads its Q).
+    v_t, adv_t = got_target.heads
+    N, offs = net.num_atoms, net.offsets
+    np.testing.assert_allclose(R.dueling_softmax_forward(v_t[:, :N], R.adv_from_columns(adv_t, offs, N),
+                                                         net.support64, offs)[1],
+                               net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
     assert got_next.probs is None and got_next.log_probs is None and got_target.log_probs is None
-    assert got_target.q.shape == (6, 12) and got.cache["z"].shape[0] == 6
+    assert got_target.probs is None and got_target.q is None and got.cache["z"].shape[0] == 6
+    assert got_next.heads is None and got.heads is None
+    if large:  # the target alone (queued first: on the side stream, beside the online pair), the online pair
+        assert dueling_rows == [((0, 1), 6), ((0, 1), 12), ((1, 4), 12)]
+    else:
+        assert dueling_rows == [((0, 1), 18), ((1, 4), 12)]
     dlogits = rng.normal(size=ref.log_probs.shape)
     g_ref = net.backward(online.tree, ref, dlogits)
     slots = online.zeros_like()
