@@ -4,7 +4,10 @@
 
 In one run on one GPU, for each batch size:
 
-* ``foxhunt``: the CUDA-graph replay of foxhunt's update (foxhunt_core.graphs.GraphedUpdate);
+* ``foxhunt``: the CUDA-graph replay of foxhunt's update (foxhunt_core.graphs.GraphedUpdate) with
+  the default settings (``train.gemm_autotune``: cuBLASLt's candidate algorithms timed per GEMM
+  shape during the warm-up, the fastest kept);
+* ``foxhunt heuristic``: the same with every GEMM on the heuristic's first algorithm;
 * ``foxhunt eager``: the same update launched kernel by kernel (for the graph's share);
 * ``foxhunt gemmex``: the graph replay with every GEMM through ``cublasGemmEx`` instead of
   cuBLASLt (no fused epilogues; for cuBLASLt's share);
@@ -13,8 +16,12 @@ In one run on one GPU, for each batch size:
   share);
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
-  loss inside a hand-captured graph, the strongest peer), from benchmarks/torch_peer.py, which
-  computes the same loss and gradients (benchmarks/check_peer.py checks it).
+  loss inside a hand-captured graph), from benchmarks/torch_peer.py, which computes the same loss
+  and gradients (benchmarks/check_peer.py checks it); and, at the sizes of ``--max-autotune``,
+  ``torch max-autotune+graph``: compiled with ``mode="max-autotune-no-cudagraphs"`` (Inductor
+  times Triton GEMM templates, with fused epilogues, against cuBLAS per shape: PyTorch's
+  counterpart of foxhunt's GEMM autotuning) inside a hand-captured graph. The ratio is against
+  the fastest PyTorch variant of the row.
 
 Network: the stage-0 shapes (trunk 256/256, adv_h 256, 51 atoms, 4 branches of 3). TF32 on for
 both. Times are medians over ``repeats`` timed with CUDA events after warm-up; TFLOP/s counts
@@ -130,10 +137,13 @@ def bench_torch(B: int, repeats: int, kind: str) -> float:
     torch.manual_seed(0)
     net, tgt = PeerNet().cuda(), PeerNet().cuda()
     tgt.load_state_dict(net.state_dict())
-    graph = kind in ("graph", "compile+graph")
+    graph = kind.endswith("graph")
     opt = torch.optim.Adam(net.parameters(), lr=3e-4, capturable=graph)
     batch = make_batch(B, "cuda")
-    lf = torch.compile(loss_fn) if "compile" in kind else loss_fn
+    if kind.startswith("max-autotune"):
+        lf = torch.compile(loss_fn, mode="max-autotune-no-cudagraphs")
+    else:
+        lf = torch.compile(loss_fn) if "compile" in kind else loss_fn
     params = list(net.parameters())
 
     def step():
@@ -199,6 +209,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--max-autotune", type=int, nargs="*", default=[16384, 65536],
+                    help="batch sizes that also time torch.compile's max-autotune mode (slow to compile)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -211,13 +223,15 @@ def main() -> int:
     rows = []
     for B in args.batches:
         res = {"batch": B}
-        res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True)
-        res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False)
+        res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True)
+        res["foxhunt heuristic"] = bench_foxhunt(B, args.repeats, graphs=True)
+        res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False, tune=True)
         res["foxhunt gemmex"] = bench_foxhunt(B, args.repeats, graphs=True, lt=False)
-        res["foxhunt 1 stream"] = bench_foxhunt(B, args.repeats, graphs=True, side_stream=False)
-        res["foxhunt tuned"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True)
+        res["foxhunt 1 stream"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, side_stream=False)
         if not args.skip_torch:
-            for kind in ("eager", "compile", "graph", "compile+graph"):
+            kinds = ["eager", "compile", "graph", "compile+graph"]
+            kinds += ["max-autotune+graph"] if B in args.max_autotune else []
+            for kind in kinds:
                 try:
                     res[f"torch {kind}"] = bench_torch(B, args.repeats, kind)
                 except Exception as exc:  # noqa: BLE001 - report the failure in the table
@@ -229,22 +243,22 @@ def main() -> int:
         print(json.dumps(res), flush=True)
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
-    cols = ["foxhunt", "foxhunt tuned", "foxhunt eager", "foxhunt gemmex", "foxhunt 1 stream", "torch eager",
-            "torch compile",
-            "torch graph", "torch compile+graph"]
-    cols = [c for c in cols if c in rows[0]]
+    cols = ["foxhunt", "foxhunt heuristic", "foxhunt eager", "foxhunt gemmex", "foxhunt 1 stream", "torch eager",
+            "torch compile", "torch graph", "torch compile+graph", "torch max-autotune+graph"]
+    cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")
     for r in rows:
-        torch_best = min((r[c] for c in cols if c.startswith("torch") and r[c] == r[c]), default=float("nan"))
+        torch_best = min((r[c] for c in cols if c.startswith("torch") and r.get(c, float("nan")) == r.get(c)),
+                         default=float("nan"))
         ratio = torch_best / r["foxhunt"]
-        print(f"| {r['batch']} | " + " | ".join(f"{r[c]:.3f}" for c in cols)
+        print(f"| {r['batch']} | " + " | ".join(f"{r[c]:.3f}" if c in r else "-" for c in cols)
               + f" | {ratio:.2f}x | {r['gemm_tflops']:.0f} ({r['ceiling_tflops']:.0f}) |")
     from foxhunt_core.gpu import cublaslt
 
     tuned = cublaslt.tuning_report()
-    changed = [t for t in tuned if t["chosen"]]
-    print(f"\ncuBLASLt autotuning ('foxhunt tuned'): {len(tuned)} GEMM shapes, {len(changed)} given another "
+    changed = [t for t in tuned if t["chosen"] and t["times_ms"]]
+    print(f"\ncuBLASLt autotuning ('foxhunt'): {len(tuned)} GEMM shapes, {len(changed)} given another "
           "algorithm than the heuristic's first:")
     for t in changed:  # cuBLASLt's column-major terms: the row-major product is [n, k] @ [k, m]
         stack = f" x{t['batch']}" if t["batch"] > 1 else ""

@@ -4,7 +4,8 @@
 
 The update runs from its CUDA graph is opaque to the profiler, so the profiled steps run eagerly
 (same kernels, launch gaps aside). Prints every kernel's total device time per update, grouped
-by name, largest first, and the sum.
+by name, largest first, and the sum. With the side stream (the default) kernels overlap, so the
+sum exceeds the step's time; ``--one-stream`` gives each kernel's time alone.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=65536)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--one-stream", action="store_true",
+                    help="queue everything on one stream: the side stream's kernels overlap the main stream's, "
+                         "which inflates their own device times and makes the sum exceed the step's time")
     args = ap.parse_args()
     import cupy as cp
     import torch
@@ -35,10 +39,12 @@ def main() -> int:
 
     from foxhunt_core.agent import Agent
     from foxhunt_core.config import RunSettings
-    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import cublas, cublaslt, streams
     from foxhunt_core.plugins import PluginSet
 
     cublas.set_tf32(True)
+    cublaslt.set_autotune(True)  # the default settings' GEMM algorithms (train.gemm_autotune), tuned in the warm-up
+    streams.set_enabled(not args.one_stream)
     B = args.batch
     agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
     batch = random_batch(B)

@@ -7,6 +7,9 @@ A run directory holds::
     metrics.json      Q-statistics and training scalars every stats interval (atomic)
     log.jsonl         structlog JSON event log
     eval.json         evaluation table on the held-out (test) split (atomic)
+    gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
+                      beside each checkpoint); a run started in this directory again (resume)
+                      reads it back before its first GEMM, so it repeats the same algorithms
 
 Collection runs on the CPU environment (:class:`~foxhunt_core.collector.HostCollector`) or, on
 a GPU, entirely on the device (:class:`~foxhunt_core.collector.DeviceCollector`); on a GPU the
@@ -54,6 +57,7 @@ from .plugins import PluginSet
 from .qpipe import branch_argmax
 
 CHECKPOINT = "checkpoint.safetensors"
+GEMM_TUNING = "gemm_tuning.json"
 EVAL_COLUMNS = ("total_return", "sharpe", "max_drawdown", "turnover")
 
 
@@ -79,6 +83,7 @@ class Trainer:
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.out_dir / "log.jsonl" if self.out_dir else None, console=console)
+        self._load_gemm_tuning()
 
         ss = np.random.SeedSequence(settings.seed)
         g_init, g_env, g_replay, g_explore = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(4))
@@ -260,8 +265,34 @@ class Trainer:
         path = self.out_dir / CHECKPOINT
         save_checkpoint(path, tensors, jsonable(meta))
         atomic_write_text(self.out_dir / "metrics.json", json.dumps(jsonable(self.history), indent=1))
+        if self._tuned_gemms():
+            from .gpu import cublaslt
+
+            atomic_write_text(self.out_dir / GEMM_TUNING, json.dumps(cublaslt.tuning_record(), indent=1))
         self.log.event("checkpoint", step=self.step, path=str(path))
         return path
+
+    def _tuned_gemms(self) -> bool:
+        return self.device == "cuda" and self.settings.train.gemm_autotune
+
+    def _load_gemm_tuning(self) -> None:
+        """Read the run directory's GEMM tuning record, when there is one (a resumed run), before
+        anything runs a GEMM; a record for another GPU or cuBLASLt is set aside with a warning."""
+        path = self.out_dir / GEMM_TUNING if self.out_dir is not None else None
+        if path is None or not self._tuned_gemms() or not path.is_file():
+            return
+        from .gpu import cublaslt
+
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable GEMM tuning record ({exc})") from None
+        try:
+            taken = cublaslt.load_tuning_record(record, str(path))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+        self.log.event("gemm_tuning_loaded" if taken else "gemm_tuning_skipped", path=str(path),
+                       recorded_for=record.get("device"))
 
     def load(self, path: Path) -> None:
         """Restore everything from a checkpoint written by a run with the same settings."""

@@ -136,3 +136,15 @@ def test_run_directory_contents(tmp_path):
         assert all(np.isfinite(m[key]) for m in metrics), key
     log = [json.loads(x) for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
     assert {"train_start", "q_stats", "checkpoint", "train_end"} <= {e["event"] for e in log}
+
+
+@pytest.mark.parametrize("record,problem", [
+    ([], "not a GEMM tuning record"),
+    ({"format": 1, "device": "H200", "plans": []}, "needs a 'device' string and a 'plans' table"),
+    ({"format": 1, "device": "H200", "plans": {"c77 NN m256": "abc"}}, "is not a 64-byte algorithm in hex"),
+])
+def test_a_malformed_gemm_tuning_record_is_refused_by_name(record, problem):
+    from foxhunt_core.gpu import cublaslt
+
+    with pytest.raises(ValueError, match=f"run/gemm_tuning.json: .*{problem}"):
+        cublaslt.load_tuning_record(record, "run/gemm_tuning.json")

@@ -56,6 +56,8 @@ _plans: dict[tuple, Any] = {}
 _enabled = True
 _autotune = os.environ.get("FOXHUNT_LT_AUTOTUNE", "0") == "1"
 _tuned: list[_Plan] = []  # in the order they were tuned
+_recorded: dict[str, str] = {}  # plan -> chosen algorithm (hex), from load_tuning_record
+RECORD_FORMAT = 1
 
 
 class _Algo(ctypes.Structure):
@@ -91,6 +93,49 @@ def set_autotune(enabled: bool) -> None:
 
 def autotune_enabled() -> bool:
     return _autotune
+
+
+def _device_tag() -> str:
+    """The GPU model and the cuBLASLt version: a tuning record is valid for both only."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    lib = _load()
+    lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    return f"{name}; cublasLt {lib.cublasLtGetVersion()}"
+
+
+def tuning_record() -> dict[str, Any]:
+    """The algorithms chosen so far (tuned or taken from a loaded record), for
+    :func:`load_tuning_record`: ``{"format", "device", "plans": {plan: algorithm}}``, a plan named
+    by its shapes, layouts, alignments and epilogue, an algorithm by cuBLASLt's opaque bytes."""
+    plans = dict(_recorded)
+    for p in _tuned:
+        if p.algos:
+            plans[p.name] = bytes(p.algos[p.chosen]).hex()
+    return {"format": RECORD_FORMAT, "device": _device_tag(), "plans": dict(sorted(plans.items()))}
+
+
+def load_tuning_record(record: Any, source: str) -> bool:
+    """Take the choices of a :func:`tuning_record` (e.g. the one a run directory keeps): a plan
+    made later with autotuning on runs the recorded algorithm, untimed, when it is still among the
+    heuristic's candidates (so a resumed run repeats the first run's GEMMs bit for bit). Returns
+    False, taking nothing, when the record is for another GPU or cuBLASLt; raises ValueError
+    naming ``source`` when it is malformed."""
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise ValueError(f"{source}: not a GEMM tuning record of format {RECORD_FORMAT}")
+    plans = record.get("plans")
+    if not isinstance(record.get("device"), str) or not isinstance(plans, dict):
+        raise ValueError(f"{source}: a tuning record needs a 'device' string and a 'plans' table")
+    for k, v in plans.items():
+        if not (isinstance(k, str) and isinstance(v, str) and len(v) == 2 * ctypes.sizeof(_Algo)
+                and all(c in "0123456789abcdef" for c in v)):
+            raise ValueError(f"{source}: plans[{k!r}] is not a {ctypes.sizeof(_Algo)}-byte algorithm in hex")
+    if record["device"] != _device_tag():
+        return False
+    _recorded.update(plans)
+    return True
 
 
 def tuning_report() -> list[dict[str, Any]]:
@@ -216,6 +261,9 @@ class _Plan:
         self.ok = bool(self.algos)
         self.shape, self.ops, self.compute, self.epilogue = (m, n, k), "NT"[op_a] + "NT"[op_b], compute, epilogue
         self.batch = batch
+        self.name = (f"c{compute} {self.ops} m{m} n{n} k{k} ld{lda},{ldb},{ldc} e{epilogue} "
+                     f"a{','.join(map(str, aligns))} b{_alignment(bias_ptr) if bias_ptr else 0} "
+                     f"x{','.join(map(str, batch))}")
         self.tuned, self.chosen = False, 0
         self.times_ms: list[float | None] = []
 
@@ -299,6 +347,12 @@ def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: in
                                   ctypes.byref(cbeta), vp(d_ptr), lc, vp(d_ptr), lc, ctypes.byref(algo),
                                   vp(workspace.ptr), WORKSPACE_BYTES, vp(stream_ptr))
 
+    if _autotune and not plan.tuned and plan.name in _recorded:  # (inside a capture too: no timing)
+        want = bytes.fromhex(_recorded[plan.name])
+        match = [i for i, a in enumerate(plan.algos) if bytes(a) == want]
+        if match:
+            plan.chosen, plan.tuned = match[0], True
+            _tuned.append(plan)
     if _autotune and not plan.tuned and not _capturing(stream_ptr):
         if len(plan.algos) > 1:
             _tune(plan, launch, c_ptr, ldc, beta, stream_ptr)

@@ -181,3 +181,35 @@ def test_no_tuning_inside_a_capture(cp, rng, lt):
         graph.launch(stream=stream)
         stream.synchronize()
         assert_close("replayed", out, ref, tol)
+
+
+def test_a_tuning_record_repeats_the_choices_untimed(cp, rng, lt):
+    """The record of the chosen algorithms (what a run directory keeps), loaded into a fresh set
+    of plans, gives every plan the same algorithm without timing it, so the products are bitwise
+    the same; a record for another GPU is set aside, a malformed one refused."""
+    from foxhunt_core.gpu import cublas
+
+    a, b = to_dev(cp, rng.normal(size=(4096, 256))), to_dev(cp, rng.normal(size=(256, 512)))
+    first = cublas.matmul(a, b)
+    rec = lt.tuning_record()
+    assert rec["plans"] and rec["device"] == lt._device_tag()
+    mine = {p.name for p in lt._tuned if p.shape == (512, 4096, 256)}  # cuBLASLt's m, n, k
+    assert mine and mine <= set(rec["plans"])
+    chosen = {p.name: p.chosen for p in lt._tuned if p.name in mine}
+    saved_plans, saved_tuned = dict(lt._plans), list(lt._tuned)
+    lt._plans.clear()
+    lt._tuned.clear()
+    try:
+        assert lt.load_tuning_record(rec, "run/gemm_tuning.json")
+        again = cublas.matmul(a, b)
+        assert cp.array_equal(first, again)
+        assert {p.name: p.chosen for p in lt._tuned if p.name in mine} == chosen
+        assert all(p.times_ms == [] for p in lt._tuned if p.name in mine)  # taken from the record, not timed
+        assert not lt.load_tuning_record({**rec, "device": "another GPU; cublasLt 1"}, "x.json")
+        with pytest.raises(ValueError, match="x.json: plans"):
+            lt.load_tuning_record({**rec, "plans": {"p": "zz"}}, "x.json")
+    finally:
+        lt._plans.clear()
+        lt._plans.update(saved_plans)
+        lt._tuned[:] = saved_tuned
+        lt._recorded.clear()

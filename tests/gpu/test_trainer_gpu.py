@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from foxhunt_core.config import RunSettings
-from foxhunt_core.trainer import CHECKPOINT, Trainer
+from foxhunt_core.trainer import CHECKPOINT, GEMM_TUNING, Trainer
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,9 @@ def test_gpu_training_runs_and_learns_something(tmp_path, graphs):
 def test_gpu_resume_continues_from_checkpoint(tmp_path):
     a = Trainer(tiny(steps=80), out_dir=tmp_path / "a")
     a.train(until_step=40)
+    assert (tmp_path / "a" / GEMM_TUNING).is_file()  # the GEMM algorithms chosen, for the resumed run
     b = Trainer(tiny(steps=80), out_dir=tmp_path / "a")
+    assert '"gemm_tuning_loaded"' in (tmp_path / "a" / "log.jsonl").read_text()
     b.load(tmp_path / "a" / CHECKPOINT)
     assert b.step == 40 and b.env_steps == a.env_steps and len(b.replay) == len(a.replay)
     b.train()
