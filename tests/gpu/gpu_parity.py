@@ -32,3 +32,39 @@ def assert_close(name: str, out: Any, ref: Any, tol: float) -> None:
 
 def to_dev(cp: Any, a: np.ndarray, dtype: Any = np.float32) -> Any:
     return cp.asarray(np.ascontiguousarray(a, dtype=dtype))
+
+
+def check_c51_indexed(got: Any, p_next: np.ndarray, logp: Any, reward: Any, discount: Any, z: Any,
+                      a_next: np.ndarray, a_taken: np.ndarray, num_actions: int, tol: float) -> np.ndarray:
+    """The C51 loss kernel's indexed form (``got`` = its (m, dlogits over all actions, loss,
+    entropy)) against the NumPy projection and loss on the gathered rows: ``p_next`` the target's
+    [B, A, N] probabilities, ``logp`` the online log-probabilities. Returns the reference m
+    (``got``'s m may be None: E[m] checked by the caller)."""
+    from foxhunt_core.gpu import reference as R
+
+    rm, rdl, rloss, rent = R.c51_target_loss(
+        R.gather_actions(host64(p_next), a_next), host64(reward), host64(discount),
+        R.gather_actions(host64(logp), a_taken), host64(z), 0.01)
+    if got[0] is not None:
+        assert_close("m", got[0], rm, tol)
+    assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, num_actions), tol)
+    assert_close("loss", got[2], rloss, tol)
+    assert_close("entropy", got[3], rent, tol)
+    return rm
+
+
+def check_three_segments(outs: dict, zwide: Any, ref: tuple, rows: int, n_dir: int, tol: float) -> None:
+    """The dueling forward over the update's three segments of ``rows`` rows (online s: every
+    output; online s': E[Q]; target s': probabilities) against the NumPy forward ``ref``, with the
+    direction Q (times 0.25) in columns 5.. of ``zwide`` and NaN left elsewhere."""
+    S = rows
+    assert_close("log_probs", outs["log_probs"], ref[0][:S], tol)
+    assert_close("var", outs["var"], ref[3][:S], tol)
+    assert_close("q", outs["q"], ref[2], tol)
+    probs = host64(outs["probs"])
+    assert_close("probs s", probs[:S], ref[1][:S], tol)
+    assert_close("probs target", probs[2 * S :], ref[1][2 * S :], tol)
+    assert np.isnan(probs[S : 2 * S]).all()  # the middle segment wants E[Q] only
+    zq = host64(zwide)
+    assert_close("zq", zq[:, 5 : 5 + n_dir], 0.25 * ref[2][:, :n_dir], tol)
+    assert np.isnan(zq[:, :5]).all() and np.isnan(zq[:, 5 + n_dir :]).all()

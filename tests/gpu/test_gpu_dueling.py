@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_parity import assert_close, host64, nan_like, to_dev
+from gpu_parity import assert_close, check_three_segments, host64, nan_like, to_dev
 
 from foxhunt_core.gpu import kernels as K
 from foxhunt_core.gpu import reference as R
@@ -158,16 +158,7 @@ def test_dueling_forward_many_rows_per_warp(cp, rng, N, offsets):
     K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(0, 1), segments=wants, zq=zwide[:, 5 : 5 + offsets[1]],
                               zq_scale=0.25, **outs)
     K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(1, D), segments=wants, **outs)
-    assert_close("log_probs", outs["log_probs"], ref[0][:S], TOL)
-    assert_close("var", outs["var"], ref[3][:S], TOL)
-    assert_close("q", outs["q"], ref[2], TOL)
-    probs = host64(outs["probs"])
-    assert_close("probs s", probs[:S], ref[1][:S], TOL)
-    assert_close("probs target", probs[2 * S :], ref[1][2 * S :], TOL)
-    assert np.isnan(probs[S : 2 * S]).all()
-    zq = host64(zwide)
-    assert_close("zq", zq[:, 5 : 5 + offsets[1]], 0.25 * ref[2][:, : offsets[1]], TOL)
-    assert np.isnan(zq[:, :5]).all() and np.isnan(zq[:, 5 + offsets[1] :]).all()
+    check_three_segments(outs, zwide, ref, S, offsets[1], TOL)
 
 
 @pytest.mark.parametrize("N,offsets", LAYOUTS)

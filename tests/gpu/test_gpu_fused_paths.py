@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_parity import assert_close, host64, nan_like, to_dev
+from gpu_parity import assert_close, check_c51_indexed, check_three_segments, host64, nan_like, to_dev
 
 from foxhunt_core.gpu import kernels as K
 from foxhunt_core.gpu import reference as R
@@ -155,13 +155,7 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
     got = K.c51_target_loss(to_dev(cp, tgt), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
                             to_dev(cp, z), 0.01, next_action=cp.asarray(a_next), action=cp.asarray(a_taken),
                             offsets=offsets, dlogits_full=True, **outs)
-    rm, rdl, rloss, rent = R.c51_target_loss(
-        R.gather_actions(host64(tgt), a_next), host64(reward), host64(discount),
-        R.gather_actions(host64(logp), a_taken), host64(z), 0.01)
-    assert_close("m", got[0], rm, TOL)
-    assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, A), TOL)
-    assert_close("loss", got[2], rloss, TOL)
-    assert_close("entropy", got[3], rent, TOL)
+    rm = check_c51_indexed(got, tgt, logp, reward, discount, z, a_next, a_taken, A, TOL)
     # The update's form: E[m] (the auxiliary loss's target) instead of m itself.
     m_mean = nan_like(cp, (B, D))
     again = K.c51_target_loss(to_dev(cp, tgt), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
@@ -169,7 +163,7 @@ def test_c51_loss_reads_whole_outputs_and_writes_the_full_gradient(cp, rng, N, o
                               offsets=offsets, dlogits_full=True, write_m=False, m_mean=m_mean)
     assert again[0] is None
     assert_close("E[m]", m_mean, (rm * host64(z)).sum(-1), TOL)
-    assert_close("dlogits (no m)", again[1], R.scatter_actions(rdl, a_taken, A), TOL)
+    assert_close("dlogits (no m)", again[1], host64(got[1]), TOL)
 
 
 @pytest.mark.parametrize("N,offsets", LAYOUTS)
@@ -204,13 +198,7 @@ def test_c51_loss_from_the_target_heads(cp, rng, N, offsets):
     got = K.c51_target_loss(None, to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp), to_dev(cp, z), 0.01,
                             next_heads=(dv[:, 4 : 4 + Nv], dadv[:, 12:]), next_action=cp.asarray(a_next),
                             action=cp.asarray(a_taken), offsets=offsets, dlogits_full=True, m_mean=m_mean, **outs)
-    rm, rdl, rloss, rent = R.c51_target_loss(
-        R.gather_actions(tgt, a_next), host64(reward), host64(discount),
-        R.gather_actions(host64(logp), a_taken), host64(z), 0.01)
-    assert_close("m", got[0], rm, TOL)
-    assert_close("dlogits", got[1], R.scatter_actions(rdl, a_taken, A), TOL)
-    assert_close("loss", got[2], rloss, TOL)
-    assert_close("entropy", got[3], rent, TOL)
+    rm = check_c51_indexed(got, tgt, logp, reward, discount, z, a_next, a_taken, A, TOL)
     assert_close("E[m]", m_mean, (rm * host64(z)).sum(-1), TOL)
     with pytest.raises(ValueError, match="next_heads replaces p_next"):
         K.c51_target_loss(to_dev(cp, logp), to_dev(cp, reward), to_dev(cp, discount), to_dev(cp, logp),
@@ -242,16 +230,7 @@ def test_dueling_forward_in_segments(cp, rng, N, offsets):
     K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(0, 1), segments=wants, zq=zwide[:, 5 : 5 + offsets[1]],
                               zq_scale=0.25, **outs)
     K.dueling_softmax_forward(dv, dadv, dz, offsets, branches=(1, D), segments=wants, **outs)
-    assert_close("log_probs", outs["log_probs"], ref[0][:S], TOL)
-    assert_close("var", outs["var"], ref[3][:S], TOL)
-    assert_close("q", outs["q"], ref[2], TOL)
-    probs = host64(outs["probs"])
-    assert_close("probs s", probs[:S], ref[1][:S], TOL)
-    assert_close("probs target", probs[2 * S :], ref[1][2 * S :], TOL)
-    assert np.isnan(probs[S : 2 * S]).all()  # the middle segment wants E[Q] only
-    zq = host64(zwide)
-    assert_close("zq", zq[:, 5 : 5 + offsets[1]], 0.25 * ref[2][:, : offsets[1]], TOL)
-    assert np.isnan(zq[:, :5]).all() and np.isnan(zq[:, 5 + offsets[1] :]).all()
+    check_three_segments(outs, zwide, ref, S, offsets[1], TOL)
     with pytest.raises(ValueError, match="do not split"):
         K.dueling_softmax_forward(dv[:-1], dadv[:-1], dz, offsets, segments=wants)
 
