@@ -12,14 +12,11 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   ``layers.log_softmax``, ``qpipe.expected_q``; outputs nobody reads can be skipped, per segment
   of rows; a warp per (sample, branch).
 - ``dueling_backward``: ``network.py`` ``dadv = dl - mean dl``, ``dv = sum_a dl``, with the
-  direction-conditioning term of ``expected_q_backward`` optionally fused, over a range of
-  branches; a warp per sample.
+  direction-conditioning term ``dq * p * (z - q)`` optionally fused, over a range of branches; a
+  warp per sample.
 - ``branch_argmax``: ``qpipe.branch_argmax`` (the first of ties); a thread per (sample, branch).
 - ``aux_error``: the auxiliary loss's ``take_along_axis`` / ``put_along_axis`` lines of
   ``agent.py`` (squared error and gradient at the taken actions); a thread per (sample, action).
-- ``gather_actions`` / ``scatter_actions``: ``take_along_axis`` / ``put_along_axis`` on zeros at
-  the chosen action of each branch; a thread per element.
-- ``expected_q_backward``: ``network.py`` ``dq * p * (z - q)``; a thread per element.
 - ``c51_target_loss``: ``c51.project`` + ``c51.loss_and_grad`` (gradient / (B D), as
   ``agent.py``), optionally reading the chosen rows of whole outputs and writing the gradient
   over all actions; a warp per (sample, branch).
@@ -91,16 +88,13 @@ __all__ = [
     "copy",
     "dueling_backward",
     "dueling_softmax_forward",
-    "expected_q_backward",
     "glu_backward",
-    "gather_actions",
     "glu_forward",
     "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
     "q_stats_workspace",
     "relu_backward",
-    "scatter_actions",
     "vsn_backward",
     "vsn_forward",
 ]
@@ -310,62 +304,6 @@ def branch_argmax(values: Array, offsets: Sequence[int], *, absolute: bool = Fal
     out = output(k, "out", out, (B, D), np.int64)
     _kernel("dueling.cu", k, branch_defines(offs))((blocks_for(B * D, THREADS),), (THREADS,),
                                                    (values, out, i32(B), i32(int(absolute))))
-    return out
-
-
-def gather_actions(x: Array, action: Array, offsets: Sequence[int], *, out: Array | None = None) -> Array:
-    """``out[b, d] = x[b, action[b, d]]`` for ``x`` [B, A] or [B, A, N] and absolute action
-    indices ``action`` [B, D] (int64): the rows of the chosen action of every branch."""
-    k = "gather_actions"
-    return _action_rows(k, x, action, offsets, out, gather=True)
-
-
-def scatter_actions(vals: Array, action: Array, offsets: Sequence[int], *, out: Array | None = None) -> Array:
-    """The inverse of :func:`gather_actions`: ``out`` [B, A(, N)] holds ``vals[b, d]`` at
-    ``action[b, d]`` and zeros at every other action (written in one pass, no memset)."""
-    k = "scatter_actions"
-    return _action_rows(k, vals, action, offsets, out, gather=False)
-
-
-def _action_rows(k: str, src: Array, action: Array, offsets: Sequence[int], out: Array | None,
-                 gather: bool) -> Array:
-    if src.ndim not in (2, 3):
-        raise ValueError(f"{k}: expected a 2-D or 3-D array, got shape {src.shape}")
-    check_array(k, "x" if gather else "vals", src, F32, (None,) * src.ndim)
-    check_array(k, "action", action, np.int64, (src.shape[0], None))
-    B, D = action.shape
-    width = src.shape[2] if src.ndim == 3 else 1
-    A = src.shape[1] if gather else int(offsets[-1])
-    offs = validate_offsets(k, offsets, A)
-    if len(offs) - 1 != D:
-        raise ValueError(f"{k}: action has {D} branches, offsets {offs} have {len(offs) - 1}")
-    if not gather and src.shape[1] != D:
-        raise ValueError(f"{k}: vals has {src.shape[1]} rows per sample, expected {D}")
-    rows = D if gather else A
-    shape = (B, rows) + ((width,) if src.ndim == 3 else ())
-    out = output(k, "out", out, shape)
-    total = B * rows * width
-    fn = _kernel("dueling.cu", k, branch_defines(offs))
-    fn((_elementwise_grid(total),), (THREADS,), (src, action, out, i64(total), i32(width)))
-    return out
-
-
-def expected_q_backward(
-    dq: Array, probs: Array, q: Array, z: Array, *, out: Array | None = None, accumulate: bool = False
-) -> Array:
-    """``dlogits[b, a, j] = dq[b, a] p[b, a, j] (z_j - q[b, a])``; ``accumulate`` adds it to ``out``."""
-    k = "expected_q_backward"
-    check_array(k, "probs", probs, F32, (None, None, None))
-    B, A, N = probs.shape
-    check_array(k, "dq", dq, F32, (B, A))
-    check_array(k, "q", q, F32, (B, A))
-    check_array(k, "z", z, F32, (N,))
-    if accumulate and out is None:
-        raise ValueError(f"{k}: accumulate=True needs out")
-    out = output(k, "out", out, (B, A, N))
-    total = B * A * N
-    fn = _kernel("dueling.cu", k, {"NUM_ATOMS": N})
-    fn((_elementwise_grid(total),), (THREADS,), (dq, probs, q, z, out, i64(total), i32(int(accumulate))))
     return out
 
 

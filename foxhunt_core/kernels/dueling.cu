@@ -573,64 +573,6 @@ extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling
                                         branch_begin, branch_end, accumulate_dv);
 }
 
-// d q_a / d logit_{a, j} = p_{a, j} (z_j - q_a):
-//   out[b, a, j] (+)= dq[b, a] * p[b, a, j] * (z_j - q[b, a])
-// One thread per element. accumulate != 0 adds to out instead of overwriting it.
-extern "C" __global__ void expected_q_backward(
-    const float* __restrict__ dq,         // [B, A]
-    const float* __restrict__ probs,      // [B, A, N]
-    const float* __restrict__ q,          // [B, A]
-    const float* __restrict__ z,          // [N]
-    float* __restrict__ out,              // [B, A, N]
-    long long total, int accumulate)
-{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long ba = i / NUM_ATOMS;
-        const int j = (int)(i - ba * NUM_ATOMS);
-        const float g = dq[ba] * probs[i] * (z[j] - q[ba]);
-        out[i] = accumulate ? out[i] + g : g;
-    }
-}
-
-// The rows of the chosen actions, one per branch, and their inverse:
-//   gather_actions:  out[b, d, j] = x[b, action[b, d], j]
-//   scatter_actions: out[b, a, j] = vals[b, d, j] if a == action[b, d] (d = branch of a), else 0
-// `action` holds absolute action indices (branch offset included). A thread per output element;
-// `width` is N (atoms) or 1 (a value per action).
-extern "C" __global__ void gather_actions(
-    const float* __restrict__ x,          // [B, A, width]
-    const long long* __restrict__ action, // [B, D]
-    float* __restrict__ out,              // [B, D, width]
-    long long total, int width)
-{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long bd = i / width;
-        const int j = (int)(i - bd * width);
-        const long long b = bd / NUM_BRANCHES;
-        out[i] = x[(b * NUM_ACTIONS + action[bd]) * width + j];
-    }
-}
-
-extern "C" __global__ void scatter_actions(
-    const float* __restrict__ vals,       // [B, D, width]
-    const long long* __restrict__ action, // [B, D]
-    float* __restrict__ out,              // [B, A, width]
-    long long total, int width)
-{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long ba = i / width;
-        const int j = (int)(i - ba * width);
-        const long long b = ba / NUM_ACTIONS;
-        const int a = (int)(ba - b * NUM_ACTIONS);
-        const int d = kBranchOfAction[a];
-        const long long bd = b * NUM_BRANCHES + d;
-        out[i] = action[bd] == a ? vals[bd * width + j] : 0.0f;
-    }
-}
-
 // The greedy action of each branch (the first of ties, as numpy.argmax):
 //   out[b, d] = argmax_{a in branch d} values[b, a] (+ o_d with absolute != 0: the index over all actions)
 // One thread per (sample, branch).

@@ -1,4 +1,4 @@
-"""Parity of dueling.cu (dueling softmax forward, dueling backward, expected-Q backward) with NumPy.
+"""Parity of dueling.cu (dueling softmax forward, dueling backward) with NumPy.
 
 Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` (float32 kernel, float64 reference of the same
 float32 inputs).
@@ -80,23 +80,6 @@ def test_dueling_backward_matches_numpy(cp, rng, N, offsets, with_dq):
         rdv, rdadv = R.dueling_backward(host64(dlogits), offsets)
     assert_close("dv", dv, rdv, TOL)
     assert_close("dadv", dadv, rdadv, TOL)
-
-
-@pytest.mark.parametrize("accumulate", [False, True])
-def test_expected_q_backward_matches_numpy(cp, rng, accumulate):
-    B, N, offsets = 300, 51, (0, 3, 6, 9, 12)
-    v, adv, z = _inputs(rng, B, offsets, N)
-    _, probs, q, _ = R.dueling_softmax_forward(v, adv, z, offsets)
-    dq = rng.normal(0, 1.0, (B, 12))
-    base = rng.normal(0, 1.0, (B, 12, N)).astype(np.float32)
-    out = to_dev(cp, base) if accumulate else nan_like(cp, (B, 12, N))
-    K.expected_q_backward(to_dev(cp, dq), to_dev(cp, probs), to_dev(cp, q), to_dev(cp, z),
-                          out=out, accumulate=accumulate)
-    ref = R.expected_q_backward(host64(dq.astype(np.float32)), host64(probs.astype(np.float32)),
-                                host64(q.astype(np.float32)), host64(z))
-    if accumulate:
-        ref = ref + host64(base)
-    assert_close("dlogits", out, ref, TOL)
 
 
 def test_wrappers_name_the_kernel_and_reject_bad_arrays(cp):

@@ -2,9 +2,9 @@
 
 Dueling forward with the biases added on read and outputs skipped, and with segments (several
 forwards in one launch, each writing what it wants) and the direction Q written into the
-augmented z; the dueling backward in two branch passes with ``dv`` accumulated; the
-gather/scatter of the chosen actions' rows; the C51 loss reading whole [B, A, N] outputs at
-given actions and writing the gradient over all actions; cuBLAS products into strided views, with
+augmented z; the dueling backward in two branch passes with ``dv`` accumulated; the C51 loss
+reading whole [B, A, N] outputs at given actions (or forming the bootstrap distributions from the
+target's heads) and writing the gradient over all actions; cuBLAS products into strided views, with
 ``beta``, with epilogues, and stacked (strided-batched over parameter trees in one allocation).
 Fresh random inputs, outputs poisoned with NaN.
 
@@ -118,24 +118,6 @@ def test_dueling_in_the_padded_layout(cp, rng, N, offsets):
     assert not host64(dv)[:, N:].any()
     pad = R.columns_from_adv(np.ones((1, A, N)), offsets)[0] == 0.0  # the padding columns
     assert pad.sum() == W - A * N and not host64(dadv)[:, pad].any()
-
-
-@pytest.mark.parametrize("width", [1, 51])
-@pytest.mark.parametrize("offsets", [(0, 3, 6, 9, 12), (0, 2, 5, 7)])
-def test_gather_and_scatter_of_the_chosen_actions(cp, rng, width, offsets):
-    B, A = 157, offsets[-1]
-    D = len(offsets) - 1
-    sizes = np.diff(offsets)
-    action = (rng.integers(0, 1 << 20, size=(B, D)) % sizes + np.asarray(offsets[:-1])).astype(np.int64)
-    shape = (B, A) if width == 1 else (B, A, width)
-    x = rng.normal(size=shape).astype(np.float32)
-    out = nan_like(cp, (B, D) if width == 1 else (B, D, width))
-    got = K.gather_actions(to_dev(cp, x), cp.asarray(action), offsets, out=out)
-    assert_close("gather", got, R.gather_actions(host64(x), action), TOL)
-    vals = rng.normal(size=(B, D) if width == 1 else (B, D, width)).astype(np.float32)
-    out = nan_like(cp, shape)
-    got = K.scatter_actions(to_dev(cp, vals), cp.asarray(action), offsets, out=out)
-    assert_close("scatter", got, R.scatter_actions(host64(vals), action, A), TOL)
 
 
 @pytest.mark.parametrize("N,offsets", [(51, (0, 3, 6, 9, 12)), (21, (0, 2, 5, 7))])
