@@ -277,7 +277,7 @@ class Trainer:
 
     def _load_gemm_tuning(self) -> None:
         """Read the run directory's GEMM tuning record, when there is one (a resumed run), before
-        anything runs a GEMM; a record for another GPU or cuBLASLt is set aside with a warning."""
+        anything runs a GEMM; a record for another GPU or cuBLASLt is set aside (the log says so)."""
         path = self.out_dir / GEMM_TUNING if self.out_dir is not None else None
         if path is None or not self._tuned_gemms() or not path.is_file():
             return

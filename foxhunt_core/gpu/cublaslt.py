@@ -101,9 +101,7 @@ def _device_tag() -> str:
 
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    lib = _load()
-    lib.cublasLtGetVersion.restype = ctypes.c_size_t
-    return f"{name}; cublasLt {lib.cublasLtGetVersion()}"
+    return f"{name}; cublasLt {_load().cublasLtGetVersion()}"
 
 
 def tuning_record() -> dict[str, Any]:
@@ -173,6 +171,7 @@ def _load() -> Any:
         _lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
         _lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [
             vp, vp, vp, vp, vp, vp, vp, i, ctypes.POINTER(_Heuristic), ctypes.POINTER(i)]
+        _lib.cublasLtGetVersion.restype = ctypes.c_size_t
         _lib.cublasLtMatmul.argtypes = [
             vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(_Algo), vp, sz, vp]
     return _lib
