@@ -21,6 +21,11 @@ as few launches as possible:
   both pre-activations; the backward has one weight-gradient GEMM and one input-gradient GEMM
   (K = 2H per branch, all of the augmented z's columns at once). The GLU kernel writes only the
   augmented ``h``; the backward recomputes gate and value from the GEMM output it keeps.
+* **The value head in front of the direction branch's GLU** (:func:`value_joined`): both read z
+  with the bias in the epilogue, so their weights share a block ``[W_v | W_gate | W_val]`` and
+  one GEMM writes ``[v | pv]``; in the backward the value head's gradient is written in front of
+  the direction branch's pre-activation gradients, and one input-gradient and one weight-gradient
+  GEMM serve both (two GEMMs fewer each way, z read once less).
 * **Aligned extents.** The 51-column value head and each branch's 153-column advantage block are
   computed 52 and 156 columns wide over zero-padded weights, every augmented input is a
   multiple of 4 wide: cuBLAS runs a GEMM on its aligned kernels only when every extent is a
@@ -110,9 +115,33 @@ def joint(net: Any) -> bool:
     return not any(net.extra_width)
 
 
+def value_joined(net: Any) -> bool:
+    """Whether the value head's weights sit in the direction branch's GLU block, in front of its
+    ``[W_gate | W_val]`` (the direction branch's input is the augmented z, as the value head's):
+    one GEMM then computes the value head and the direction GLU's pre-activations, and the
+    backward has one input-gradient and one weight-gradient GEMM for both."""
+    return not net.extra_width[DIRECTION]
+
+
+def value_width(net: Any) -> int:
+    """Columns of the value head in its block: the atoms rounded up to 4, or with
+    :func:`value_joined` to 16 (the GLU columns behind it then start 64-byte aligned)."""
+    return padded(net.num_atoms, 16 if value_joined(net) else HEAD_ALIGN)
+
+
+def pv_lead(net: Any) -> int:
+    """Columns in front of the first branch's pre-activations in the forward's ``[v | pv]`` rows:
+    the value head's when it is joined (:func:`value_joined`), else none."""
+    return value_width(net) if value_joined(net) else 0
+
+
 def glu_home(net: Any, d: int) -> tuple[str, int]:
-    """The block holding branch ``d``'s ``[W_gate | W_val]`` and its first column there."""
-    return ("branch0.w_gate", 2 * net.settings.adv_h * d) if joint(net) else (f"branch{d}.w_gate", 0)
+    """The block holding branch ``d``'s ``[W_gate | W_val]`` and its first column there: behind the
+    value head (:func:`value_joined`) in the block ``value.w`` when every branch shares it
+    (:func:`joint`) or the branch is the direction branch; else the branch's own block."""
+    if joint(net) or (d == DIRECTION and value_joined(net)):
+        return "value.w", pv_lead(net) + (2 * net.settings.adv_h * d if joint(net) else 0)
+    return f"branch{d}.w_gate", 0
 
 
 def out_home(net: Any, d: int) -> tuple[str, int]:
@@ -131,15 +160,16 @@ def blocks(net: Any) -> dict[str, tuple[Shape, list[tuple[str, int | None, int]]
     H, D = s.adv_h, len(net.sizes)
     wx, wz, wh = x_width(net), z_width(net), h_width(net)
     hcol = head_columns(net.offsets, N, HEAD_ALIGN)
+    glu_cols = 2 * H * (D if joint(net) else 1)  # of a GLU block
+    value_cols = value_width(net) + (glu_cols if value_joined(net) else 0)
     out = {
         "trunk.w1": ((wx, s.shared_h1), [("trunk.w1", None, 0), ("trunk.b1", wx - 1, 0)]),
-        "value.w": ((wz, padded(N)), [("value.w", None, 0), ("value.b", wz - 1, 0)]),
+        "value.w": ((wz, value_cols), [("value.w", None, 0), ("value.b", wz - 1, 0)]),
     }
     for d in range(D):
         home, c = glu_home(net, d)
         r = glu_rows(net, d)
-        shape = (r, 2 * H * (D if joint(net) else 1))
-        out.setdefault(home, (shape, []))[1].extend([
+        out.setdefault(home, ((r, glu_cols), []))[1].extend([
             (f"branch{d}.w_gate", None, c), (f"branch{d}.w_val", None, c + H),
             (f"branch{d}.b_gate", r - 1, c), (f"branch{d}.b_val", r - 1, c + H)])
         home, c = out_home(net, d)
@@ -154,7 +184,8 @@ def storage_shapes(net: Any) -> dict[str, Any]:
     storage spec, ``{name: block shape or Shared(...)}``), from :func:`blocks`:
 
     * the first trunk layer [obs features + 1 rounded up to 4, H1] with ``b1`` in its last row;
-    * the value head [z_width, N rounded up to 4] with its bias in the last row;
+    * the value head [z_width, N rounded up to 4] with its bias in the last row, and behind it
+      (:func:`value_joined`; N then rounded up to 16) the direction branch's GLU block;
     * every GLU's gate and value weights side by side, [z_width, branches x 2 adv_h], the biases
       side by side in the last row: one GEMM for several branches (:func:`joint`; with a
       branch-input stage, one such block per branch, a branch with extra input columns its own
@@ -325,8 +356,15 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     mpre = mm(h2, p["vsn.w"], bias=p["vsn.b"], stack=stack)
     keep = B if keep_cache else 0
     m, z = K.vsn_forward(h2, mpre, width=z_width(net), keep_rows=keep, m=mpre[:keep] if keep else None)
-    vb = _block(p, net, "value.w")
-    v = mm(z[:, :H2], vb[:H2], bias=vb[-1], stack=stack)  # [R, 52]; K = H2, the bias in the epilogue
+    Wh, lead = h_width(net), pv_lead(net)
+    # Each branch's [gate | value] pre-activations, behind the value head when it is joined (its
+    # GEMM is then the direction branch's); else the value head on its own.
+    pv_all = cp.empty((R, lead + D * 2 * H), dtype=cp.float32)
+    if lead:
+        v = pv_all[:, : padded(N)]
+    else:
+        vb = _block(p, net, "value.w")
+        v = mm(z[:, :H2], vb[:H2], bias=vb[-1], stack=stack)  # [R, 52]; K = H2, the bias in the epilogue
 
     extra_cols, extra_caches = [], []
     for st in net.branch_inputs:  # (single segments only: pairs() is False with them)
@@ -369,8 +407,6 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
             K.dueling_softmax_forward(v[r0:r1], adv[r0:r1], z_sup, offs, branches=branches, want=w,
                                       zq=None if zq is None else zq[r0:r1], zq_scale=1.0 / net.q_scale, **outs)
 
-    Wh = h_width(net)
-    pv_all = cp.empty((R, D * 2 * H), dtype=cp.float32)  # each branch's [gate | value] pre-activations
     h_all = cp.empty((R, D * Wh), dtype=cp.float32)  # each branch's augmented GLU output
     blk: dict[str, Array] = {}
 
@@ -383,13 +419,15 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     for g in branch_groups(net):  # the direction branch first: the magnitude branch reads its Q
         d0, d1 = g[0], g[-1] + 1
         home, c0 = glu_home(net, d0)
-        wj = block(home)[:, c0 : c0 + 2 * H * len(g)]  # [W_gate | W_val] ... over their biases
+        with_v = lead if d0 == DIRECTION else 0  # the value head's columns ride along
+        wj = block(home)[:, c0 - with_v : c0 + 2 * H * len(g)]  # ([W_v] |) [W_gate | W_val] ... over their biases
         u = z if use_z[d0] else _branch_input(net, d0, z, res["q"], extra_cols, wj.shape[0])
-        pv = pv_all[:, 2 * H * d0 : 2 * H * d1]
+        pv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]
+        out_cols = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]
         if use_z[d0] and MAGNITUDE not in g:  # K = H2, the biases in the epilogue (no K tail)
-            mm(z[:, :H2], wj[:H2], out=pv, bias=wj[-1], stack=stack)
+            mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)
         else:  # the direction Q and the ones column of the augmented input as well
-            mm(u, wj, out=pv, stack=stack)
+            mm(u, wj, out=out_cols, stack=stack)
         h = h_all[:, Wh * d0 : Wh * d1]
         if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
             K.glu_forward(pv, width=Wh, blocks=len(g), h=h)
@@ -545,8 +583,8 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     ggate: dict[str, Array] = {}
     gextra: list[Any] = [None] * len(net.branch_inputs)
     z = c["z"]  # [B, Wz] augmented
-    pv_all, h_all = c["pv"], c["h"]  # every branch's [gate | value] pre-activations, augmented h
-    Wh = h_width(net)
+    pv_all, h_all = c["pv"], c["h"]  # ([v] |) every branch's [gate | value] pre-activations, augmented h
+    Wh, lead = h_width(net), pv_lead(net)
     dh_all = cp.empty((B, D * H), dtype=cp.float32)  # every branch's GLU output gradient
     dz = (cp.zeros if net.branch_inputs else cp.empty)((B, z.shape[1]), dtype=cp.float32)
     # Whether z carries the direction-Q columns (the magnitude branch reads z): only the magnitude
@@ -557,7 +595,11 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the
     # direction branch's Q, which then enters the direction branch's logit gradient.
-    dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D), padded=True)
+    # (A joined value head's gradient goes where its forward output was, in front of the
+    # direction branch's pre-activations: one GEMM each way serves both. The columns behind its
+    # 4-aligned width hold the forward's zeros: its weights there are zero.)
+    dv, dadv = K.dueling_backward(dlogits, z_sup, offs, branches=(1, D), padded=True,
+                                  dv=pv_all[:, : padded(N)] if lead else None)
 
     def group_backward(g: tuple[int, ...]) -> Array | None:
         """The gradients of branches ``g`` (one GLU group); returns the gradient of the extra
@@ -584,31 +626,35 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             # strided batch (one batched GEMM measured 1.5-3x slower: benchmarks/bench_stack.py).
             for x, dy, gw_out in wgrads:
                 mm(x, dy, out=gw_out)
-        dpv = pv_all[:, 2 * H * d0 : 2 * H * d1]  # [d pre_gate | d val] ..., written over the forward's
+        dpv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]  # [d pre_gate | d val] ..., over the forward's
         if sigmoid_gate:
             K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
         else:
             for d in g:
                 bc, dh_in = c["branches"][d], dh_all[:, H * d : H * (d + 1)]
                 dpre, gg = net.gate.backward(cp, gp, d, bc["gcache"], dh_in * bc["val"])
-                cp.multiply(dh_in, bc["gate"], out=pv_all[:, 2 * H * d + H : 2 * H * (d + 1)])
-                pv_all[:, 2 * H * d : 2 * H * d + H] = dpre
+                cp.multiply(dh_in, bc["gate"], out=pv_all[:, lead + 2 * H * d + H : lead + 2 * H * (d + 1)])
+                pv_all[:, lead + 2 * H * d : lead + 2 * H * d + H] = dpre
                 for k, val in gg.items():
                     ggate[k] = ggate[k] + val if k in ggate else val
         home, col = glu_home(net, d0)
-        wj = block(home)[:, col : col + 2 * H * n]
-        gw = grad_block(home)[:, col : col + 2 * H * n]
+        with_v = lead if d0 == DIRECTION else 0  # the joined value head's gradient rides along
+        wj = block(home)[:, col - with_v : col + 2 * H * n]
+        gw = grad_block(home)[:, col - with_v : col + 2 * H * n]
+        dy = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]  # ([dv] |) dpv
         bu = c["branches"][d0]["u"]  # (a branch with extra input columns is a group of its own)
         with streams.beside():
-            mm(z.T if bu is None else bu.T, dpv, out=gw)  # weights and (ones column) biases
+            mm(z.T if bu is None else bu.T, dy, out=gw)  # weights and (ones column) biases
             if bu is None and use_zq:
                 # The direction-Q columns of z meet only the magnitude branch's weights: the other
-                # branches' gradients over those rows of the block are zero.
+                # branches' (and the value head's) gradients over those rows of the block are zero.
+                if with_v:
+                    gw[H2 : H2 + n_dir, :with_v] = 0.0
                 for i, d in enumerate(g):
                     if d != MAGNITUDE:
-                        gw[H2 : H2 + n_dir, 2 * H * i : 2 * H * (i + 1)] = 0.0
-        if bu is None:  # K = n 2H: every branch's gate and value at once, into every column of dz
-            mm(dpv, wj.T, out=dz, beta=1.0 if dz_started else 0.0)
+                        gw[H2 : H2 + n_dir, with_v + 2 * H * i : with_v + 2 * H * (i + 1)] = 0.0
+        if bu is None:  # K = n 2H (+ the value head's): every branch's gate and value at once, into dz
+            mm(dy, wj.T, out=dz, beta=1.0 if dz_started else 0.0)
             dz_started = True
             return None
         mm(dpv, wj[:H2].T, out=dz[:, :H2], beta=1.0)
@@ -634,12 +680,13 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 gextra[i] = dcols if gextra[i] is None else gextra[i] + dcols
                 col += st.width
 
-    mm(dv, block("value.w").T, out=dz, beta=1.0)
-    gv = grad_block("value.w")
-    with streams.beside():
-        mm(z.T, dv, out=gv)  # weights and (ones column) bias
-        if use_zq:
-            gv[H2 : H2 + n_dir] = 0.0
+    if not lead:  # the value head on its own (with it joined, the direction branch's GEMMs did this)
+        mm(dv, block("value.w").T, out=dz, beta=1.0)
+        gv = grad_block("value.w")
+        with streams.beside():
+            mm(z.T, dv, out=gv)  # weights and (ones column) bias
+            if use_zq:
+                gv[H2 : H2 + n_dir] = 0.0
     dh2_mask, dmpre = K.vsn_backward(dz[:, :H2], c["h2"], c["m"])
     gm, gmb = slot("vsn.w"), slot("vsn.b")
     with streams.beside():

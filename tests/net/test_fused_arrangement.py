@@ -49,6 +49,14 @@ class WideColumns:
         return {"w": (dcols * cache).sum(axis=0)}
 
 
+class DirectionColumns(WideColumns):
+    """Two extra columns for the direction and urgency branches: the direction branch's input is
+    then not z, and the value head keeps a block of its own."""
+
+    name = "direction_columns"
+    branches = (0, 3)
+
+
 def _numpy_cupy() -> types.ModuleType:
     """NumPy under CuPy's name, with float32 meaning float64 (the check runs in float64)."""
     shim = types.ModuleType("cupy")
@@ -199,10 +207,12 @@ def numpy_fused(monkeypatch):
 def _net(stages: bool | str) -> BranchingC51:
     """The core network; with ``stages`` a gate plugin and branch-input columns, or only one of
     them (``"gate"``: the joint weight blocks with the plugin's gate; ``"columns"``: per-branch
-    blocks with the sigmoid gate)."""
+    blocks with the sigmoid gate; ``"direction-columns"``: columns on the direction branch too,
+    so the value head is not joined to its GLU)."""
     s = NetSettings(shared_h1=24, shared_h2=16, adv_h=12, num_atoms=11)
     gate = TanhGateStage() if stages in (True, "gate") else None
     columns = [WideColumns()] if stages in (True, "columns") else []
+    columns += [DirectionColumns()] if stages == "direction-columns" else []
     return BranchingC51(s, gate=gate, branch_inputs=columns)
 
 
@@ -224,12 +234,15 @@ def test_storage_spec_pads_and_joins_the_weights(numpy_fused):
     net = _net(True)
     spec = fused.storage_shapes(net)
     assert fused.z_width(net) == 20 and fused.h_width(net) == 16 and fused.x_width(net) == 52
-    assert spec["value.w"] == (20, 12) and spec["value.b"] == Shared("value.w", 0, 19)
+    # The value head (11 -> 16 columns) in front of the direction branch's GLU, whose input is z too.
+    assert fused.value_joined(net) and fused.value_width(net) == 16 and fused.pv_lead(net) == 16
+    assert spec["value.w"] == (20, 16 + 24) and spec["value.b"] == Shared("value.w", 0, 19)
     assert spec["trunk.w1"] == (52, 24) and spec["trunk.b1"] == Shared("trunk.w1", 0, 51)  # 50 features + 1
     assert all(spec[f"branch{d}.w_out"] == (16, 36) for d in range(4))
     assert spec["branch2.b_out"] == Shared("branch2.w_out", 0, 15)
     # Each GLU's gate and value weights side by side (adv_h 12 -> 24 columns), biases in the last row.
-    assert spec["branch0.w_gate"] == (20, 24) and spec["branch0.w_val"] == Shared("branch0.w_gate", 12)
+    assert spec["branch0.w_gate"] == Shared("value.w", 16) and spec["branch0.w_val"] == Shared("value.w", 28)
+    assert spec["branch0.b_val"] == Shared("value.w", 28, 19)
     assert spec["branch1.w_gate"] == (24, 24)  # 16 + 3 (direction Q) + 2 (the wide columns) + 1 -> 24
     assert spec["branch3.w_gate"] == (20, 24)  # 16 + 2 + 1 -> 20
     assert spec["branch2.b_val"] == Shared("branch2.w_gate", 12, 19)
@@ -248,11 +261,16 @@ def test_storage_spec_pads_and_joins_the_weights(numpy_fused):
     net = _net(False)
     spec = fused.storage_shapes(net)
     assert fused.joint(net) and not fused.joint(_net(True))
-    assert spec["branch0.w_gate"] == (20, 4 * 24) and spec["branch2.w_val"] == Shared("branch0.w_gate", 60)
-    assert spec["branch3.b_gate"] == Shared("branch0.w_gate", 72, 19)
+    assert spec["value.w"] == (20, 16 + 4 * 24) and spec["branch2.w_val"] == Shared("value.w", 16 + 60)
+    assert spec["branch3.b_gate"] == Shared("value.w", 16 + 72, 19)
     assert spec["branch0.w_out"] == (16, 4 * 36) and spec["branch1.w_out"] == Shared("branch0.w_out", 36)
     assert spec["branch1.b_out"] == Shared("branch0.w_out", 36, 15)
-    assert spec["branch1.w_gate"] == Shared("branch0.w_gate", 24)
+    assert spec["branch1.w_gate"] == Shared("value.w", 16 + 24)
+    # With extra columns on the direction branch its input is not z: the value head stands alone.
+    dnet = _net("direction-columns")
+    spec = fused.storage_shapes(dnet)
+    assert not fused.value_joined(dnet) and fused.pv_lead(dnet) == 0 and spec["value.w"] == (20, 12)
+    assert spec["branch0.w_gate"] == (20, 24) and spec["branch0.w_val"] == Shared("branch0.w_gate", 12)
     assert fused.branch_groups(net) == [(0,), (1, 2, 3)] and fused.branch_groups(_net(True)) == [(0,), (1,), (2,), (3,)]
 
 
@@ -276,7 +294,8 @@ def _assert_padding_zero(flat):
 
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded-storage", "plain-storage"])
-@pytest.mark.parametrize("stages", [False, True, "gate", "columns"], ids=["core", "gate+columns", "gate", "columns"])
+@pytest.mark.parametrize("stages", [False, True, "gate", "columns", "direction-columns"],
+                         ids=["core", "gate+columns", "gate", "columns", "direction-columns"])
 def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, padded):
     rng = np.random.default_rng(7)
     net = _net(stages)
