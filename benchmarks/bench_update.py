@@ -86,22 +86,29 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  side_stream: bool = True) -> float:
+                  side_stream: bool = True, stack_max: int | None = None) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
-    ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``)."""
+    ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
+    ``stack_max`` sets the rows up to which the update's forwards run stacked
+    (``foxhunt_core.net.fused.STACK_MAX_ROWS``)."""
     from foxhunt_core.gpu import cublaslt, streams
+    from foxhunt_core.net import fused
 
     cublaslt.set_enabled(lt)
     was = cublaslt.autotune_enabled()
+    was_stack = fused.STACK_MAX_ROWS
     cublaslt.set_autotune(tune)
     streams.set_enabled(side_stream)
+    if stack_max is not None:
+        fused.STACK_MAX_ROWS = stack_max
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
         streams.set_enabled(True)
+        fused.STACK_MAX_ROWS = was_stack
 
 
 def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
@@ -211,6 +218,9 @@ def main() -> int:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--max-autotune", type=int, nargs="*", default=[16384, 65536],
                     help="batch sizes that also time torch.compile's max-autotune mode (slow to compile)")
+    ap.add_argument("--stack-max", type=int, default=None,
+                    help="also time foxhunt with its forwards stacked up to this many rows "
+                         "(a 'foxhunt stack<=N' column)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -228,6 +238,9 @@ def main() -> int:
         res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False, tune=True)
         res["foxhunt gemmex"] = bench_foxhunt(B, args.repeats, graphs=True, lt=False)
         res["foxhunt 1 stream"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, side_stream=False)
+        if args.stack_max is not None:
+            res[f"foxhunt stack<={args.stack_max}"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True,
+                                                                   stack_max=args.stack_max)
         if not args.skip_torch:
             kinds = ["eager", "compile", "graph", "compile+graph"]
             kinds += ["max-autotune+graph"] if B in args.max_autotune else []
@@ -243,8 +256,9 @@ def main() -> int:
         print(json.dumps(res), flush=True)
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
-    cols = ["foxhunt", "foxhunt heuristic", "foxhunt eager", "foxhunt gemmex", "foxhunt 1 stream", "torch eager",
-            "torch compile", "torch graph", "torch compile+graph", "torch max-autotune+graph"]
+    stacked = [f"foxhunt stack<={args.stack_max}"] if args.stack_max is not None else []
+    cols = ["foxhunt", "foxhunt heuristic", "foxhunt eager", "foxhunt gemmex", "foxhunt 1 stream", *stacked,
+            "torch eager", "torch compile", "torch graph", "torch compile+graph", "torch max-autotune+graph"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")

@@ -236,9 +236,11 @@ def pairs(net: Any) -> bool:
 
 
 # Up to this many rows per forward, forwards over stacked parameter trees run as strided-batched
-# GEMMs; beyond it, the forwards of one tree run as one GEMM and the others apart (on the H200
-# the heuristic's strided-batched kernels are slower there: benchmarks/bench_stack.py).
-STACK_MAX_ROWS = 16384
+# GEMMs; beyond it, the forwards of one tree run as one GEMM and the others apart, the target's
+# on the side stream (on the H200 the strided-batched kernels are slower past 16384 rows,
+# benchmarks/bench_stack.py, and at 16384 the update is about 1% faster with the forwards apart
+# and the advantage layers one GEMM each: benchmarks/bench_update.py --stack-max 16384).
+STACK_MAX_ROWS = 8192
 
 
 def stacks(net: Any, rows: int) -> bool:
