@@ -1,6 +1,7 @@
 """Updates per second of foxhunt's training step on the GPU against its PyTorch peer.
 
     python benchmarks/bench_update.py [--batches 4096 16384 65536] [--repeats 50] [--json out.json]
+        [--foxhunt VARIANT ...] [--torch KIND ...] [--max-autotune B ...] [--stack-max N]
 
 In one run on one GPU, for each batch size:
 
@@ -20,8 +21,13 @@ In one run on one GPU, for each batch size:
   and gradients (benchmarks/check_peer.py checks it); and, at the sizes of ``--max-autotune``,
   ``torch max-autotune+graph``: compiled with ``mode="max-autotune-no-cudagraphs"`` (Inductor
   times Triton GEMM templates, with fused epilogues, against cuBLAS per shape: PyTorch's
-  counterpart of foxhunt's GEMM autotuning) inside a hand-captured graph. The ratio is against
-  the fastest PyTorch variant of the row.
+  counterpart of foxhunt's GEMM autotuning) inside a hand-captured graph;
+* the same four (and max-autotune) ``tuned``: ``PeerNet(tuned=True)`` (the same function with
+  its unaligned layers zero-padded and the attention as fused broadcast products) and Adam as
+  one fused kernel.
+
+The ratio is against the fastest PyTorch variant of the row. ``--foxhunt`` and ``--torch`` pick
+the variants to time.
 
 Network: the stage-0 shapes (trunk 256/256, adv_h 256, 51 atoms, 4 branches of 3). TF32 on for
 both. Times are medians over ``repeats`` timed with CUDA events after warm-up; TFLOP/s counts
@@ -85,6 +91,19 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
     return out
 
 
+# bench_foxhunt's arguments of each foxhunt variant
+FOXHUNT_VARIANTS = {
+    "foxhunt": dict(graphs=True, tune=True),
+    "foxhunt heuristic": dict(graphs=True),
+    "foxhunt eager": dict(graphs=False, tune=True),
+    "foxhunt gemmex": dict(graphs=True, lt=False),
+    "foxhunt 1 stream": dict(graphs=True, tune=True, side_stream=False),
+}
+# PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
+TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
+               "eager tuned", "compile tuned", "graph tuned", "compile+graph tuned")
+
+
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
                   side_stream: bool = True, stack_max: int | None = None) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
@@ -142,10 +161,12 @@ def bench_torch(B: int, repeats: int, kind: str) -> float:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
-    net, tgt = PeerNet().cuda(), PeerNet().cuda()
+    kind, tuned = kind.removesuffix(" tuned"), kind.endswith(" tuned")
+    net, tgt = PeerNet(tuned=tuned).cuda(), PeerNet(tuned=tuned).cuda()
     tgt.load_state_dict(net.state_dict())
     graph = kind.endswith("graph")
-    opt = torch.optim.Adam(net.parameters(), lr=3e-4, capturable=graph)
+    # tuned: also Adam as one fused kernel (multi-tensor 'foreach' kernels otherwise)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-4, capturable=graph, fused=tuned or None)
     batch = make_batch(B, "cuda")
     if kind.startswith("max-autotune"):
         lf = torch.compile(loss_fn, mode="max-autotune-no-cudagraphs")
@@ -218,6 +239,10 @@ def main() -> int:
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--max-autotune", type=int, nargs="*", default=[16384, 65536],
                     help="batch sizes that also time torch.compile's max-autotune mode (slow to compile)")
+    ap.add_argument("--foxhunt", nargs="+", default=list(FOXHUNT_VARIANTS), choices=list(FOXHUNT_VARIANTS),
+                    metavar="VARIANT", help="foxhunt variants to time (default: all; 'foxhunt' is always timed)")
+    ap.add_argument("--torch", nargs="*", default=list(TORCH_KINDS), choices=list(TORCH_KINDS), metavar="KIND",
+                    help="PyTorch variants to time (default: %(default)s)")
     ap.add_argument("--stack-max", type=int, default=None,
                     help="also time foxhunt with its forwards stacked up to this many rows "
                          "(a 'foxhunt stack<=N' column)")
@@ -234,16 +259,15 @@ def main() -> int:
     for B in args.batches:
         res = {"batch": B}
         res["foxhunt"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True)
-        res["foxhunt heuristic"] = bench_foxhunt(B, args.repeats, graphs=True)
-        res["foxhunt eager"] = bench_foxhunt(B, args.repeats, graphs=False, tune=True)
-        res["foxhunt gemmex"] = bench_foxhunt(B, args.repeats, graphs=True, lt=False)
-        res["foxhunt 1 stream"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, side_stream=False)
+        for v in args.foxhunt:
+            if v != "foxhunt":
+                res[v] = bench_foxhunt(B, args.repeats, **FOXHUNT_VARIANTS[v])
         if args.stack_max is not None:
             res[f"foxhunt stack<={args.stack_max}"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True,
                                                                    stack_max=args.stack_max)
         if not args.skip_torch:
-            kinds = ["eager", "compile", "graph", "compile+graph"]
-            kinds += ["max-autotune+graph"] if B in args.max_autotune else []
+            kinds = list(args.torch)
+            kinds += ["max-autotune+graph", "max-autotune+graph tuned"] if B in args.max_autotune else []
             for kind in kinds:
                 try:
                     res[f"torch {kind}"] = bench_torch(B, args.repeats, kind)
@@ -257,8 +281,8 @@ def main() -> int:
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
     stacked = [f"foxhunt stack<={args.stack_max}"] if args.stack_max is not None else []
-    cols = ["foxhunt", "foxhunt heuristic", "foxhunt eager", "foxhunt gemmex", "foxhunt 1 stream", *stacked,
-            "torch eager", "torch compile", "torch graph", "torch compile+graph", "torch max-autotune+graph"]
+    cols = [*FOXHUNT_VARIANTS, *stacked, *(f"torch {k}" for k in TORCH_KINDS),
+            "torch max-autotune+graph", "torch max-autotune+graph tuned"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")

@@ -23,30 +23,72 @@ from foxhunt_core.config import NetSettings, RunSettings  # noqa: E402
 from foxhunt_core.plugins import PluginSet  # noqa: E402
 
 
-def peer_names(sizes: int, adv_h: int) -> dict[str, tuple[str, bool, slice | None]]:
-    """foxhunt core parameter name -> (peer parameter name, transposed, the peer rows it fills)."""
-    m = {"trunk.w1": ("fc1.weight", True), "trunk.b1": ("fc1.bias", False),
+def peer_names(peer: PeerNet, adv_h: int) -> dict[str, tuple[str, bool, tuple]]:
+    """foxhunt core parameter name -> (peer parameter name, transposed, the index of the peer
+    tensor it fills: its share of the joint GLU Linear, the unpadded part of a padded layer)."""
+    N, Np, sizes = peer.N, peer.Np, peer.sizes
+    every = (slice(None),)
+    m = {"trunk.b1": ("fc1.bias", False),
          "trunk.w2": ("fc2.weight", True), "trunk.b2": ("fc2.bias", False),
          "vsn.w": ("vsn.weight", True), "vsn.b": ("vsn.bias", False),
-         "value.w": ("value.weight", True), "value.b": ("value.bias", False),
          "attn.emb": ("emb", False), "attn.wq": ("wq", False), "attn.wk": ("wk", False),
          "attn.gate": ("agate", False)}
-    m = {k: v + (None,) for k, v in m.items()}
+    m = {k: v + (every,) for k, v in m.items()}
+    m["trunk.w1"] = ("fc1.weight", True, (slice(None), slice(0, peer.fc1.in_features - peer.obs_pad)))
+    m["value.w"] = ("value.weight", True, (slice(0, N),))
+    m["value.b"] = ("value.bias", False, (slice(0, N),))
     gate, val = slice(0, adv_h), slice(adv_h, 2 * adv_h)  # the peer's joint GLU Linear: [gate; value]
-    for d in range(sizes):
-        for ours, theirs, rows in (("w_gate", "glu", gate), ("w_val", "glu", val), ("w_out", "out", None)):
-            m[f"branch{d}.{ours}"] = (f"{theirs}.{d}.weight", True, rows)
-            m[f"branch{d}.b{ours[1:]}"] = (f"{theirs}.{d}.bias", False, rows)
+    for d, n in enumerate(sizes):
+        logits = np.concatenate([np.arange(a * Np, a * Np + N) for a in range(n)])  # the padded heads' rows
+        cols = slice(0, peer.glu[d].in_features - (peer.mag_pad if d == 1 else 0))
+        m[f"branch{d}.w_gate"] = (f"glu.{d}.weight", True, (gate, cols))
+        m[f"branch{d}.w_val"] = (f"glu.{d}.weight", True, (val, cols))
+        m[f"branch{d}.b_gate"] = (f"glu.{d}.bias", False, (gate,))
+        m[f"branch{d}.b_val"] = (f"glu.{d}.bias", False, (val,))
+        m[f"branch{d}.w_out"] = (f"out.{d}.weight", True, (torch.from_numpy(logits),))
+        m[f"branch{d}.b_out"] = (f"out.{d}.bias", False, (torch.from_numpy(logits),))
     return m
 
 
 def load_into(peer: PeerNet, core: dict[str, np.ndarray], names) -> None:
     params = dict(peer.named_parameters())
     with torch.no_grad():
-        for ours, (theirs, transpose, rows) in names.items():
+        for ours, (theirs, transpose, index) in names.items():
             v = torch.from_numpy(np.asarray(core[ours], dtype=np.float64))
-            dst = params[theirs] if rows is None else params[theirs][rows]
-            dst.copy_(v.T if transpose else v)
+            params[theirs][index] = v.T if transpose else v
+
+
+def check(agent: Agent, settings: RunSettings, batch: dict, tuned: bool) -> bool:
+    """The peer (plain or tuned) against foxhunt: loss, gradients, and zero gradients over the padding."""
+    net, t = settings.net, settings.train
+    grads, scalars, _, _ = agent.loss_and_grads(batch, t.entropy_coeff)
+    ours = float(scalars["loss"] + scalars["aux_loss"])
+    kw = dict(h1=net.shared_h1, h2=net.shared_h2, adv_h=net.adv_h, num_atoms=net.num_atoms,
+              attn_dim=net.attn_dim, v_min=net.v_min, v_max=net.v_max, dtype=torch.float64, tuned=tuned)
+    online, target = PeerNet(**kw).double(), PeerNet(**kw).double()
+    names = peer_names(online, net.adv_h)
+    load_into(online, agent.online["core"], names)
+    load_into(target, agent.target["core"], names)
+    tb = tuple(torch.from_numpy(np.asarray(batch[k])) for k in ("obs", "next_obs", "action", "reward", "terminal"))
+    loss = loss_fn(online, target, tb, gamma=t.gamma, beta=t.entropy_coeff, aux_w=t.aux_weight)
+    loss.backward()
+    theirs = float(loss.detach())
+    worst = 0.0
+    label = "tuned peer" if tuned else "peer"
+    params = dict(online.named_parameters())
+    covered = {pn: torch.zeros_like(p, dtype=torch.bool) for pn, p in params.items()}
+    for k, (pn, transpose, index) in names.items():
+        g = params[pn].grad[index].numpy()
+        covered[pn][index] = True
+        g = g.T if transpose else g
+        err = np.abs(g - grads["core"][k]).max() / max(np.abs(g).max(), 1e-12)
+        worst = max(worst, err)
+        if err > 1e-8:
+            print(f"{label}: gradient mismatch {k}: relative {err:.3g}")
+    pad_grad = max(float(params[pn].grad[~c].abs().max()) if (~c).any() else 0.0 for pn, c in covered.items())
+    print(f"{label}: loss foxhunt {ours:.12f} torch {theirs:.12f}; worst relative gradient difference "
+          f"{worst:.3g}; largest gradient over the padding {pad_grad:.3g}")
+    return abs(ours - theirs) < 1e-9 and worst < 1e-8 and pad_grad == 0.0
 
 
 def main() -> int:
@@ -67,32 +109,8 @@ def main() -> int:
     batch = {"obs": rng.normal(size=(B, 50)), "next_obs": rng.normal(size=(B, 50)),
              "action": rng.integers(0, 3, size=(B, 4)), "reward": rng.normal(size=B),
              "terminal": (rng.random(B) < 0.2).astype(np.float64)}
-    t = settings.train
-    grads, scalars, _, _ = agent.loss_and_grads(batch, t.entropy_coeff)
-    ours = float(scalars["loss"] + scalars["aux_loss"])
-
-    kw = dict(h1=net.shared_h1, h2=net.shared_h2, adv_h=net.adv_h, num_atoms=net.num_atoms,
-              attn_dim=net.attn_dim, v_min=net.v_min, v_max=net.v_max, dtype=torch.float64)
-    online, target = PeerNet(**kw).double(), PeerNet(**kw).double()
-    names = peer_names(4, net.adv_h)
-    load_into(online, agent.online["core"], names)
-    load_into(target, agent.target["core"], names)
-    tb = tuple(torch.from_numpy(np.asarray(batch[k])) for k in ("obs", "next_obs", "action", "reward", "terminal"))
-    loss = loss_fn(online, target, tb, gamma=t.gamma, beta=t.entropy_coeff, aux_w=t.aux_weight)
-    loss.backward()
-    theirs = float(loss.detach())
-    worst = 0.0
-    params = dict(online.named_parameters())
-    for k, (pn, transpose, rows) in names.items():
-        g = params[pn].grad.numpy()
-        g = g if rows is None else g[rows]
-        g = g.T if transpose else g
-        err = np.abs(g - grads["core"][k]).max() / max(np.abs(g).max(), 1e-12)
-        worst = max(worst, err)
-        if err > 1e-8:
-            print(f"gradient mismatch {k}: relative {err:.3g}")
-    print(f"loss foxhunt {ours:.12f} torch {theirs:.12f}; worst relative gradient difference {worst:.3g}")
-    return 0 if abs(ours - theirs) < 1e-9 and worst < 1e-8 else 1
+    ok = [check(agent, settings, batch, tuned) for tuned in (False, True)]
+    return 0 if all(ok) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Per-kernel GPU time of one foxhunt update, from CUPTI through torch.profiler.
 
-    python benchmarks/kernel_table.py [--batch 65536] [--steps 5] [--top 40]
+    python benchmarks/kernel_table.py [--batch 65536] [--steps 5] [--top 40] [--one-stream]
+    python benchmarks/kernel_table.py --torch compile|"compile tuned" [--batch 65536]
 
 The update runs from its CUDA graph is opaque to the profiler, so the profiled steps run eagerly
 (same kernels, launch gaps aside). Prints every kernel's total device time per update, grouped
@@ -32,7 +33,12 @@ def main() -> int:
     ap.add_argument("--one-stream", action="store_true",
                     help="queue everything on one stream: the side stream's kernels overlap the main stream's, "
                          "which inflates their own device times and makes the sum exceed the step's time")
+    ap.add_argument("--torch", choices=["compile", "compile tuned"], default=None,
+                    help="profile the PyTorch peer's compiled step instead (benchmarks/torch_peer.py; eager "
+                         "launches of the compiled kernels; 'tuned' is PeerNet(tuned=True) with a fused Adam)")
     args = ap.parse_args()
+    if args.torch:
+        return torch_table(args)
     import cupy as cp
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -57,6 +63,45 @@ def main() -> int:
         for _ in range(args.steps):
             agent.update(batch, coeff)
         cp.cuda.Device().synchronize()
+    print_table(prof, B, args.steps, args.top)
+    return 0
+
+
+def torch_table(args) -> int:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from torch_peer import PeerNet, loss_fn, make_batch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(0)
+    tuned = args.torch.endswith("tuned")
+    net, tgt = PeerNet(tuned=tuned).cuda(), PeerNet(tuned=tuned).cuda()
+    tgt.load_state_dict(net.state_dict())
+    opt = torch.optim.Adam(net.parameters(), lr=3e-4, fused=tuned or None)
+    batch = make_batch(args.batch, "cuda")
+    lf = torch.compile(loss_fn)
+    params = list(net.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        lf(net, tgt, batch).backward()
+        torch.nn.utils.clip_grad_norm_(params, 10.0)
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"PyTorch peer, torch.compile{' tuned' if tuned else ''}:")
+    print_table(prof, args.batch, args.steps, args.top)
+    return 0
+
+
+def print_table(prof, B: int, steps: int, top: int) -> None:
+    """Each kernel's device time per update, grouped by name, largest first."""
     rows: dict[str, list[float]] = {}
     for ev in prof.events():
         if ev.device_type.name != "CUDA":
@@ -64,13 +109,12 @@ def main() -> int:
         r = rows.setdefault(ev.name[:90], [0.0, 0])
         r[0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
         r[1] += 1
-    total = sum(v[0] for v in rows.values()) / args.steps
+    total = sum(v[0] for v in rows.values()) / steps
     print(f"B = {B}: device time per update {total / 1e3:.3f} ms in "
-          f"{sum(v[1] for v in rows.values()) / args.steps:.0f} kernels/copies")
+          f"{sum(v[1] for v in rows.values()) / steps:.0f} kernels/copies")
     print(f"{'us/update':>10} {'calls':>6}  name")
-    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[: args.top]:
-        print(f"{us / args.steps:10.1f} {n / args.steps:6.1f}  {name}")
-    return 0
+    for name, (us, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{us / steps:10.1f} {n / steps:6.1f}  {name}")
 
 
 if __name__ == "__main__":
