@@ -70,6 +70,7 @@ def _evaluate_and_report(trainer: Trainer, split: str = "test") -> dict[str, Any
         "device": trainer.device,
         "plugins": trainer.plugins.names,
         "updates_per_second": trainer.step / trainer.train_seconds if trainer.train_seconds else None,
+        "steady_updates_per_second": trainer.steady_updates_per_second,
         "final_stats": {k: last.get(k) for k in ("raw_q_drift", "atom_utilization", "atom_entropy")},
         "policies": table,
     }

@@ -115,6 +115,7 @@ class Trainer:
         self.first_raw_q_mean: float | None = None
         self.history: list[dict[str, float]] = []
         self.train_seconds = 0.0
+        self.steady_updates_per_second: float | None = None  # of the last train() call (see there)
         self.graphed: Any = None
 
     @property
@@ -141,11 +142,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def train(self, until_step: int | None = None, progress: Callable[[int, int], None] | None = None) -> None:
-        """Train until ``until_step`` updates (default: ``train.steps``), checkpointing on the way."""
+        """Train until ``until_step`` updates (default: ``train.steps``), checkpointing on the way.
+
+        ``train_seconds`` adds this call's wall time (the replay's warm-up collection and the first
+        update's one-off work included); ``steady_updates_per_second`` is this call's rate after
+        its first update: on the GPU that update captures the CUDA graph, compiles the update's
+        kernels and times the GEMM candidates, seconds that would otherwise dominate a short run."""
         t = self.settings.train
         until = t.steps if until_step is None else min(int(until_step), t.steps)
         clock = Stopwatch()
         start_step = self.step
+        steady_from: tuple[float, int] | None = None  # (clock, step) once the first update is done
         with self.stream if self.stream is not None else contextlib.nullcontext():
             while len(self.replay) < min(t.warmup_steps, t.replay_capacity):
                 self.collector.collect(random=True)
@@ -157,6 +164,9 @@ class Trainer:
                     self.collector.collect()
                 scalars, out, q = self._update()
                 self.step += 1
+                if steady_from is None:
+                    self._synchronize()
+                    steady_from = (clock.seconds(), self.step)
                 if self.step % t.target_sync_every == 0:
                     self.agent.sync_target()
                 if self.step % t.stats_every == 0:
@@ -166,12 +176,21 @@ class Trainer:
                     self.save()
                 if progress is not None:
                     progress(self.step, until)
-            if self.xp is not np:
-                self.xp.cuda.get_current_stream().synchronize()
-        self.train_seconds += clock.seconds()
+            self._synchronize()
+        seconds = clock.seconds()
+        self.train_seconds += seconds
         done = self.step - start_step
-        self.log.event("train_end", step=self.step, updates=done, seconds=round(clock.seconds(), 3))
+        steady = self.step - steady_from[1] if steady_from is not None else 0
+        self.steady_updates_per_second = (steady / (seconds - steady_from[0])
+                                          if steady_from is not None and steady and seconds > steady_from[0] else None)
+        self.log.event("train_end", step=self.step, updates=done, seconds=round(seconds, 3),
+                       steady_updates_per_second=self.steady_updates_per_second)
         self.save()
+
+    def _synchronize(self) -> None:
+        """Wait for the device's queued work (nothing to wait for on the CPU)."""
+        if self.xp is not np:
+            self.xp.cuda.get_current_stream().synchronize()
 
     def _update(self) -> tuple[dict[str, Any], Any, Any]:
         """One gradient step: a CUDA-graph replay on the GPU, eager otherwise."""

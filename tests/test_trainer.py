@@ -148,3 +148,34 @@ def test_a_malformed_gemm_tuning_record_is_refused_by_name(record, problem):
 
     with pytest.raises(ValueError, match=f"run/gemm_tuning.json: .*{problem}"):
         cublaslt.load_tuning_record(record, "run/gemm_tuning.json")
+
+
+def test_steady_rate_leaves_out_the_first_update(tmp_path, monkeypatch):
+    """The first update's one-off work (on the GPU: graph capture, compilation, GEMM tuning) counts
+    in ``updates_per_second`` but not in ``steady_updates_per_second``."""
+    import time
+
+    tr = Trainer(tiny(steps=40), PluginSet(), None)
+    update, ends = tr._update, []
+
+    def slow_first():
+        if not ends:
+            time.sleep(1.0)
+        out = update()
+        ends.append(time.perf_counter())
+        return out
+
+    monkeypatch.setattr(tr, "_update", slow_first)
+    tr.train()
+    assert tr.step == 40 and len(ends) == 40 and tr.train_seconds > 1.0
+    # the rate over a window that leaves out the first second (the sleep) ...
+    assert tr.steady_updates_per_second > 39 / (tr.train_seconds - 1.0)
+    # ... and holds the 39 later updates: at most their own rate, between the first update's end and the last's
+    own = 39 / (ends[-1] - ends[0])
+    assert 0.5 * own < tr.steady_updates_per_second <= own
+
+
+def test_steady_rate_needs_a_second_update():
+    tr = Trainer(tiny(steps=1), PluginSet(), None)
+    tr.train()
+    assert tr.step == 1 and tr.steady_updates_per_second is None

@@ -47,6 +47,10 @@ METRICS: dict[str, Metric] = {
     "eval_max_drawdown": Metric("maximum drawdown of the greedy policy on the test split"),
     "updates_per_second": Metric("training throughput: gradient updates per second of training time (eval.json)",
                                  volatile=True),
+    "steady_updates_per_second": Metric(
+        "training throughput after the first update (eval.json): without the replay's warm-up collection and "
+        "the first update's one-off work (on the GPU: graph capture, kernel compilation, GEMM tuning)",
+        volatile=True),
 }
 VOLATILE_METRICS = frozenset(k for k, m in METRICS.items() if m.volatile)
 SERIES = ("raw_q_drift", "atom_utilization", "loss")
@@ -123,6 +127,7 @@ def read_result(run_dir: Path) -> dict[str, Any]:
         "eval_sharpe": policy.get("sharpe"),
         "eval_max_drawdown": policy.get("max_drawdown"),
         "updates_per_second": ev.get("updates_per_second"),
+        "steady_updates_per_second": ev.get("steady_updates_per_second"),
     }
     return {
         "final": {k: num(v) for k, v in final.items()},

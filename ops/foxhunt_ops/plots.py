@@ -65,7 +65,7 @@ def stage_figure(stage_id: str, results: dict[int, Any], prev: dict[int, Any] | 
         ax.tick_params(labelsize=7)
         _legend(ax)
     for k, (metric, title) in ((2, ("eval_return", "test return per seed")),
-                               (3, ("updates_per_second", "throughput (updates/s)"))):
+                               (3, ("steady_updates_per_second", "throughput after the first update (updates/s)"))):
         ax = axes[k]
         width = 0.38
         xs = list(range(len(seeds)))
@@ -92,8 +92,9 @@ def overview_figure(stage_ids: list[str], by_stage: dict[str, dict[int, Any]]) -
     fig = Figure(figsize=(10, 2.8))
     axes = fig.subplots(1, 2)
     seeds = sorted({s for res in by_stage.values() for s in res})
-    for ax, (metric, title) in zip(axes, (("eval_return", "test return by stage (lines join a seed)"),
-                                          ("updates_per_second", "throughput by stage (updates/s)"))):
+    panels = (("eval_return", "test return by stage (lines join a seed)"),
+              ("steady_updates_per_second", "throughput by stage (updates/s after the first)"))
+    for ax, (metric, title) in zip(axes, panels):
         for i, seed in enumerate(seeds):
             ys = _floats([metric_value(by_stage.get(sid, {}).get(seed), metric) for sid in stage_ids])
             ax.plot(range(len(stage_ids)), ys, "o-",

@@ -66,10 +66,11 @@ def _trials_table(trials: list[dict[str, Any]]) -> str:
                      _td(_f(metric_value(r, "eval_return")), "n"), _td(_f(metric_value(r, "raw_q_drift")), "n"),
                      _td(_f(metric_value(r, "atom_utilization"), ".3f"), "n"),
                      _td(_f(metric_value(r, "updates_per_second"), ".1f"), "n"),
+                     _td(_f(metric_value(r, "steady_updates_per_second"), ".1f"), "n"),
                      _td(_f(metric_value(r, "non_finite"), ".0f"), "n"),
                      _td(_f(t["wall_s"], ".1f"), "n"), _td(_e(t["run_dir"])), _td(_e(t["error"] or ""))])
-    return _table(["seed", "status", "test return", "raw drift", "atom util.", "updates/s", "non-finite",
-                   "wall s", "run directory", "error"], rows)
+    return _table(["seed", "status", "test return", "raw drift", "atom util.", "updates/s", "after the first",
+                   "non-finite", "wall s", "run directory", "error"], rows)
 
 
 def _gates_table(verdicts: list[dict[str, Any]]) -> str:
