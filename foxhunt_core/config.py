@@ -94,7 +94,7 @@ class TrainSettings(_Strict):
     gpu_collection: bool = Field(True, description="On the GPU, keep market, environment and replay on the device (off: the CPU environment feeds the GPU agent).")
     cuda_graphs: bool = Field(True, description="On the GPU, capture the update as a CUDA graph and replay it (off: launch eagerly).")
     tf32: bool = Field(True, description="On the GPU, let cuBLAS use TF32 tensor cores for float32 GEMMs.")
-    gemm_autotune: bool = Field(True, description="On the GPU, time cuBLASLt's candidate algorithms for each GEMM shape once (during the update's warm-up) and keep the fastest, instead of the heuristic's first (about 7% faster at B = 65536). The choice depends on timing, so two fresh runs may differ in rounding; the run directory records it (gemm_tuning.json) and a resumed run reads it back and repeats the same GEMMs.")
+    gemm_autotune: bool = Field(True, description="On the GPU, time cuBLASLt's candidate algorithms for each GEMM shape once (during the update's warm-up) and keep the fastest, instead of the heuristic's first (about 7% faster at B = 65536). The choice depends on timing; the run directory records it (gemm_tuning.json) and a resumed run reads it back and repeats the same GEMMs. A fresh run starts from the machine's cache of earlier runs' choices (FOXHUNT_CACHE_DIR, default ~/.cache/foxhunt; FOXHUNT_GEMM_CACHE=0 turns it off), so fresh runs on one machine run the same GEMMs and only shapes new to it are timed.")
 
 
 class RunSettings(_Strict):

@@ -9,7 +9,9 @@ A run directory holds::
     eval.json         evaluation table on the held-out (test) split (atomic)
     gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
                       beside each checkpoint); a run started in this directory again (resume)
-                      reads it back before its first GEMM, so it repeats the same algorithms
+                      reads it back before its first GEMM, so it repeats the same algorithms.
+                      A fresh run starts from the machine's cache instead (foxhunt_core.gpu.
+                      tuning_cache), and adds its choices to it beside each checkpoint.
 
 Collection runs on the CPU environment (:class:`~foxhunt_core.collector.HostCollector`) or, on
 a GPU, entirely on the device (:class:`~foxhunt_core.collector.DeviceCollector`); on a GPU the
@@ -287,18 +289,45 @@ class Trainer:
         if self._tuned_gemms():
             from .gpu import cublaslt
 
-            atomic_write_text(self.out_dir / GEMM_TUNING, json.dumps(cublaslt.tuning_record(), indent=1))
+            record = cublaslt.tuning_record()
+            atomic_write_text(self.out_dir / GEMM_TUNING, json.dumps(record, indent=1))
+            self._add_to_gemm_cache(record)
         self.log.event("checkpoint", step=self.step, path=str(path))
         return path
+
+    def _gemm_cache_file(self) -> Path | None:
+        from .gpu import cublaslt, tuning_cache
+
+        root = tuning_cache.cache_dir()
+        return tuning_cache.cache_file(root, cublaslt.device_tag()) if root is not None else None
+
+    def _add_to_gemm_cache(self, record: dict[str, Any]) -> None:
+        """Merge this run's GEMM choices into the machine's cache (a failure to write is logged:
+        the cache only saves time)."""
+        from .gpu import tuning_cache
+
+        path = self._gemm_cache_file()
+        if path is None or not record["plans"]:
+            return
+        try:
+            n = tuning_cache.add(path, record)
+        except OSError as exc:
+            self.log.event("gemm_cache_not_written", path=str(path), problem=str(exc))
+            return
+        self.log.event("gemm_cache_written", path=str(path), plans=n)
 
     def _tuned_gemms(self) -> bool:
         return self.device == "cuda" and self.settings.train.gemm_autotune
 
     def _load_gemm_tuning(self) -> None:
-        """Read the run directory's GEMM tuning record, when there is one (a resumed run), before
-        anything runs a GEMM; a record for another GPU or cuBLASLt is set aside (the log says so)."""
+        """Read the run directory's GEMM tuning record, when there is one (a resumed run), else the
+        machine's cache, before anything runs a GEMM; a record for another GPU or cuBLASLt is set
+        aside (the log says so), an unreadable cache too (an unreadable run record is an error)."""
+        if not self._tuned_gemms():
+            return
         path = self.out_dir / GEMM_TUNING if self.out_dir is not None else None
-        if path is None or not self._tuned_gemms() or not path.is_file():
+        if path is None or not path.is_file():
+            self._load_gemm_cache()
             return
         from .gpu import cublaslt
 
@@ -312,6 +341,21 @@ class Trainer:
             raise CheckpointError(str(exc)) from None
         self.log.event("gemm_tuning_loaded" if taken else "gemm_tuning_skipped", path=str(path),
                        recorded_for=record.get("device"))
+
+    def _load_gemm_cache(self) -> None:
+        from .gpu import cublaslt, tuning_cache
+
+        path = self._gemm_cache_file()
+        if path is None or not path.is_file():
+            return
+        try:
+            record = tuning_cache.read(path)
+        except ValueError as exc:
+            self.log.event("gemm_cache_unreadable", path=str(path), problem=str(exc))
+            return
+        taken = cublaslt.load_tuning_record(record, str(path))
+        self.log.event("gemm_tuning_loaded" if taken else "gemm_tuning_skipped", path=str(path), source="machine cache",
+                       plans=len(record["plans"]), recorded_for=record["device"])
 
     def load(self, path: Path) -> None:
         """Restore everything from a checkpoint written by a run with the same settings."""

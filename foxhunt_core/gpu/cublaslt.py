@@ -21,8 +21,10 @@ several launches after warm-up ones) into a scratch copy of the output, keeps th
 plan, then makes the real call once; the output is written by that call only. Later calls, inside
 a capture too, use the kept algorithm. A plan first used during a capture runs the heuristic's
 first algorithm there (timing would synchronize and allocate) and is tuned at its first call
-outside one. The choice depends on timing, so tuned runs are not bitwise reproducible from run to
-run. :func:`tuning_report` lists what was measured and chosen.
+outside one. The choice depends on timing, so two runs that tune for themselves may choose
+differently and round differently; runs that share a record (:func:`tuning_record`,
+:func:`load_tuning_record`: a run directory's, the machine's cache in :mod:`.tuning_cache`) run the
+same algorithms. :func:`tuning_report` lists what was measured and chosen.
 
 Column-major view of a row-major product, as in :mod:`.cublas`: ``out [M, N] = a [M, K] @ b [K, N]``
 is ``D [N, M] = b' [N, K] * a' [K, M]``, so cuBLASLt's A is our ``b``, its B our ``a``, its rows
@@ -95,7 +97,7 @@ def autotune_enabled() -> bool:
     return _autotune
 
 
-def _device_tag() -> str:
+def device_tag() -> str:
     """The GPU model and the cuBLASLt version: a tuning record is valid for both only."""
     import cupy
 
@@ -112,7 +114,7 @@ def tuning_record() -> dict[str, Any]:
     for p in _tuned:
         if p.algos:
             plans[p.name] = bytes(p.algos[p.chosen]).hex()
-    return {"format": RECORD_FORMAT, "device": _device_tag(), "plans": dict(sorted(plans.items()))}
+    return {"format": RECORD_FORMAT, "device": device_tag(), "plans": dict(sorted(plans.items()))}
 
 
 def load_tuning_record(record: Any, source: str) -> bool:
@@ -121,6 +123,16 @@ def load_tuning_record(record: Any, source: str) -> bool:
     heuristic's candidates (so a resumed run repeats the first run's GEMMs bit for bit). Returns
     False, taking nothing, when the record is for another GPU or cuBLASLt; raises ValueError
     naming ``source`` when it is malformed."""
+    check_tuning_record(record, source)
+    if record["device"] != device_tag():
+        return False
+    _recorded.update(record["plans"])
+    return True
+
+
+def check_tuning_record(record: Any, source: str) -> None:
+    """Raise ValueError naming ``source`` unless ``record`` has the form of a :func:`tuning_record`
+    (needs no GPU)."""
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise ValueError(f"{source}: not a GEMM tuning record of format {RECORD_FORMAT}")
     plans = record.get("plans")
@@ -130,10 +142,14 @@ def load_tuning_record(record: Any, source: str) -> bool:
         if not (isinstance(k, str) and isinstance(v, str) and len(v) == 2 * ctypes.sizeof(_Algo)
                 and all(c in "0123456789abcdef" for c in v)):
             raise ValueError(f"{source}: plans[{k!r}] is not a {ctypes.sizeof(_Algo)}-byte algorithm in hex")
-    if record["device"] != _device_tag():
-        return False
-    _recorded.update(plans)
-    return True
+
+
+def forget() -> None:
+    """Drop every plan, measurement and loaded record of this process (as in a fresh process);
+    for tests and benchmarks that compare fresh runs in one process."""
+    _plans.clear()
+    _tuned.clear()
+    _recorded.clear()
 
 
 def tuning_report() -> list[dict[str, Any]]:

@@ -23,3 +23,10 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(autouse=True)
+def _own_gemm_cache(tmp_path, monkeypatch):
+    """Every GPU test with its own (empty) machine GEMM tuning cache: no test reads or writes the
+    machine's real one."""
+    monkeypatch.setenv("FOXHUNT_CACHE_DIR", str(tmp_path / "foxhunt-cache"))

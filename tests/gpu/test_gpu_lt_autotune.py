@@ -192,7 +192,7 @@ def test_a_tuning_record_repeats_the_choices_untimed(cp, rng, lt):
     a, b = to_dev(cp, rng.normal(size=(4096, 256))), to_dev(cp, rng.normal(size=(256, 512)))
     first = cublas.matmul(a, b)
     rec = lt.tuning_record()
-    assert rec["plans"] and rec["device"] == lt._device_tag()
+    assert rec["plans"] and rec["device"] == lt.device_tag()
     mine = {p.name for p in lt._tuned if p.shape == (512, 4096, 256)}  # cuBLASLt's m, n, k
     assert mine and mine <= set(rec["plans"])
     chosen = {p.name: p.chosen for p in lt._tuned if p.name in mine}

@@ -1,5 +1,7 @@
 """Training on the GPU end to end: device-resident collection, graphed collection and update."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -49,3 +51,33 @@ def test_gpu_resume_continues_from_checkpoint(tmp_path):
     assert b.step == 40 and b.env_steps == a.env_steps and len(b.replay) == len(a.replay)
     b.train()
     assert b.step == 80
+
+
+def test_gpu_fresh_runs_share_the_machines_gemm_choices(tmp_path, monkeypatch):
+    """A fresh run adds its tuned GEMM algorithms to the machine's cache; the next fresh run (in a
+    new process, here: after cublaslt.forget()) takes them all, times nothing, and trains to the
+    same parameters bit for bit."""
+    from foxhunt_core.gpu import cublaslt, tuning_cache
+
+    monkeypatch.setenv("FOXHUNT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FOXHUNT_GEMM_CACHE", raising=False)
+    cublaslt.forget()
+    a = Trainer(tiny(steps=40), out_dir=tmp_path / "a")
+    a.train()
+    timed_a = [t for t in cublaslt.tuning_report() if t["times_ms"]]
+    assert timed_a  # the first run on this "machine" tuned
+    cache = tuning_cache.cache_file(tmp_path / "cache", cublaslt.device_tag())
+    record_a = json.loads((tmp_path / "a" / GEMM_TUNING).read_text())
+    assert json.loads(cache.read_text())["plans"] == record_a["plans"]
+
+    cublaslt.forget()
+    b = Trainer(tiny(steps=40), out_dir=tmp_path / "b")
+    log_b = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    loaded = [e for e in log_b if e["event"] == "gemm_tuning_loaded"]
+    assert loaded and loaded[0]["source"] == "machine cache" and loaded[0]["path"] == str(cache)
+    b.train()
+    assert not [t for t in cublaslt.tuning_report() if t["times_ms"]]  # every choice from the cache
+    assert json.loads((tmp_path / "b" / GEMM_TUNING).read_text())["plans"] == record_a["plans"]
+    for k, v in a.agent.online["core"].items():
+        assert np.array_equal(v.get(), b.agent.online["core"][k].get()), k
+    cublaslt.forget()
