@@ -102,6 +102,7 @@ FOXHUNT_VARIANTS = {
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
                "eager tuned", "compile tuned", "graph tuned", "compile+graph tuned")
+MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow to compile: --max-autotune B
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
@@ -241,8 +242,9 @@ def main() -> int:
                     help="batch sizes that also time torch.compile's max-autotune mode (slow to compile)")
     ap.add_argument("--foxhunt", nargs="+", default=list(FOXHUNT_VARIANTS), choices=list(FOXHUNT_VARIANTS),
                     metavar="VARIANT", help="foxhunt variants to time (default: all; 'foxhunt' is always timed)")
-    ap.add_argument("--torch", nargs="*", default=list(TORCH_KINDS), choices=list(TORCH_KINDS), metavar="KIND",
-                    help="PyTorch variants to time (default: %(default)s)")
+    ap.add_argument("--torch", nargs="*", default=list(TORCH_KINDS), choices=[*TORCH_KINDS, *MAX_AUTOTUNE_KINDS],
+                    metavar="KIND", help="PyTorch variants to time at every batch size (default: %(default)s; "
+                    f"also {', '.join(MAX_AUTOTUNE_KINDS)})")
     ap.add_argument("--stack-max", type=int, default=None,
                     help="also time foxhunt with its forwards stacked up to this many rows "
                          "(a 'foxhunt stack<=N' column)")
@@ -267,10 +269,11 @@ def main() -> int:
                                                                    stack_max=args.stack_max)
         if not args.skip_torch:
             kinds = list(args.torch)
-            kinds += ["max-autotune+graph", "max-autotune+graph tuned"] if B in args.max_autotune else []
+            kinds += [k for k in MAX_AUTOTUNE_KINDS if k not in kinds] if B in args.max_autotune else []
             for kind in kinds:
                 try:
                     res[f"torch {kind}"] = bench_torch(B, args.repeats, kind)
+                    print(f"B={B} torch {kind}: {res[f'torch {kind}']:.3f} ms", file=sys.stderr, flush=True)
                 except Exception as exc:  # noqa: BLE001 - report the failure in the table
                     print(f"torch {kind} at B={B} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                     res[f"torch {kind}"] = float("nan")
@@ -281,8 +284,7 @@ def main() -> int:
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
     stacked = [f"foxhunt stack<={args.stack_max}"] if args.stack_max is not None else []
-    cols = [*FOXHUNT_VARIANTS, *stacked, *(f"torch {k}" for k in TORCH_KINDS),
-            "torch max-autotune+graph", "torch max-autotune+graph tuned"]
+    cols = [*FOXHUNT_VARIANTS, *stacked, *(f"torch {k}" for k in (*TORCH_KINDS, *MAX_AUTOTUNE_KINDS))]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")
