@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("CUPY_TF32", "1")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -156,7 +157,10 @@ def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
     return statistics.median(time_cuda(fn, repeats, cp.cuda.Device().synchronize))
 
 
-def bench_torch(B: int, repeats: int, kind: str) -> float:
+def torch_step(B: int, kind: str) -> tuple[Any, Any, Any]:
+    """The PyTorch peer's update for a ``kind`` of :data:`TORCH_KINDS` / :data:`MAX_AUTOTUNE_KINDS`:
+    ``(step, eager, opt)``, ``step`` without zeroing the gradients (for a graph capture),
+    ``eager`` with it."""
     import torch
     from torch_peer import PeerNet, loss_fn, make_batch
 
@@ -165,9 +169,8 @@ def bench_torch(B: int, repeats: int, kind: str) -> float:
     kind, tuned = kind.removesuffix(" tuned"), kind.endswith(" tuned")
     net, tgt = PeerNet(tuned=tuned).cuda(), PeerNet(tuned=tuned).cuda()
     tgt.load_state_dict(net.state_dict())
-    graph = kind.endswith("graph")
     # tuned: also Adam as one fused kernel (multi-tensor 'foreach' kernels otherwise)
-    opt = torch.optim.Adam(net.parameters(), lr=3e-4, capturable=graph, fused=tuned or None)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-4, capturable=kind.endswith("graph"), fused=tuned or None)
     batch = make_batch(B, "cuda")
     if kind.startswith("max-autotune"):
         lf = torch.compile(loss_fn, mode="max-autotune-no-cudagraphs")
@@ -185,6 +188,14 @@ def bench_torch(B: int, repeats: int, kind: str) -> float:
         opt.zero_grad(set_to_none=True)
         step()
 
+    return step, eager, opt
+
+
+def bench_torch(B: int, repeats: int, kind: str) -> float:
+    import torch
+
+    step, eager, opt = torch_step(B, kind)
+    graph = kind.removesuffix(" tuned").endswith("graph")
     if graph:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

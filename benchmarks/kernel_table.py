@@ -22,7 +22,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_update import random_batch  # noqa: E402
+from bench_update import random_batch, torch_step  # noqa: E402
 
 
 def main() -> int:
@@ -70,24 +70,8 @@ def main() -> int:
 def torch_table(args) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from torch_peer import PeerNet, loss_fn, make_batch
 
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.manual_seed(0)
-    tuned = args.torch.endswith("tuned")
-    net, tgt = PeerNet(tuned=tuned).cuda(), PeerNet(tuned=tuned).cuda()
-    tgt.load_state_dict(net.state_dict())
-    opt = torch.optim.Adam(net.parameters(), lr=3e-4, fused=tuned or None)
-    batch = make_batch(args.batch, "cuda")
-    lf = torch.compile(loss_fn)
-    params = list(net.parameters())
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        lf(net, tgt, batch).backward()
-        torch.nn.utils.clip_grad_norm_(params, 10.0)
-        opt.step()
-
+    _, step, _ = torch_step(args.batch, args.torch)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -95,7 +79,7 @@ def torch_table(args) -> int:
         for _ in range(args.steps):
             step()
         torch.cuda.synchronize()
-    print(f"PyTorch peer, torch.compile{' tuned' if tuned else ''}:")
+    print(f"PyTorch peer, torch.{args.torch}:")
     print_table(prof, args.batch, args.steps, args.top)
     return 0
 
