@@ -1,6 +1,6 @@
 """The update's own (non-GEMM) kernels at the update's shapes, each timed alone.
 
-    python benchmarks/bench_kernels.py [--batches 16384 65536] [--repeats 30]
+    python benchmarks/bench_kernels.py [--batches 16384 65536] [--repeats 30] [--only NAME] [--glu-cluster C]
 
 For each batch size B of the stage-0 network (12 actions in 4 branches of 3, 51 atoms), the
 median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack.py's
@@ -11,9 +11,14 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
   (probabilities only), as one launch each over the 3 B rows (``segments``);
 - the C51 projection and loss over B rows and 4 branches, reading whole [B, 12, 51] outputs at
   the chosen actions and writing the gradient over all actions;
-- the cross-branch attention forward and backward over B rows.
+- the cross-branch attention forward and backward over B rows;
+- the GLU layers over the 2 B rows of the online forwards (the direction branch's: K = 256 with
+  the bias in the epilogue; the other three branches' at once: K = 260, the bias in the ones
+  column), as cuBLASLt's GEMM (autotuned) followed by ``glu_forward``, and as ``glu_gemm``
+  (one launch, the gate in the GEMM's epilogue; what the update runs), writing h alone or h and
+  the first B rows' pv, with the transposed weights it reads made in the call or before.
 
-Kernel times only: the inputs are random and fixed; no GEMM runs.
+The inputs are random and fixed.
 """
 
 from __future__ import annotations
@@ -101,19 +106,63 @@ def attention_cases(B: int) -> dict:
     }
 
 
+def glu_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import cublas, cublaslt
+    from foxhunt_core.gpu import kernels as K
+
+    cublas.set_tf32(True)
+    cublaslt.set_autotune(True)
+    R, H, Wz, Wh = 2 * B, 256, 260, 260
+    rng = cp.random.default_rng(0)
+    u = rng.standard_normal((R, Wz), dtype=cp.float32)
+    w = rng.standard_normal((Wz, 8 * H), dtype=cp.float32) * 0.05
+    pv = cp.empty((R, 8 * H), cp.float32)
+    h = cp.empty((R, 4 * Wh), cp.float32)
+    wd, bd, wj = w[:H, : 2 * H], w[-1, : 2 * H], w[:, 2 * H :]
+    wjt = K.transpose(wj)
+    return {
+        "GLU direction: GEMM + glu_forward": lambda: (
+            cublas.matmul(u[:, :H], wd, out=pv[:, : 2 * H], bias=bd),
+            K.glu_forward(pv[:, : 2 * H], width=Wh, h=h[:, :Wh])),
+        "GLU direction: glu_gemm (h)": lambda: K.glu_gemm(u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh]),
+        "GLU direction: glu_gemm (h, pv of B rows)": lambda: K.glu_gemm(
+            u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh], pv=pv[:B, : 2 * H]),
+        "GLU 3 branches: GEMM + glu_forward": lambda: (
+            cublas.matmul(u, wj, out=pv[:, 2 * H :]),
+            K.glu_forward(pv[:, 2 * H :], width=Wh, blocks=3, h=h[:, Wh:])),
+        "GLU 3 branches: glu_gemm (h)": lambda: K.glu_gemm(u, wj, width=Wh, blocks=3, h=h[:, Wh:]),
+        "GLU 3 branches: glu_gemm (h, weights transposed before)": lambda: K.glu_gemm(
+            u, wj, width=Wh, blocks=3, h=h[:, Wh:], wt=wjt),
+        "GLU 3 branches: glu_gemm (h, pv of B rows)": lambda: K.glu_gemm(
+            u, wj, width=Wh, blocks=3, h=h[:, Wh:], pv=pv[:B, 2 * H :]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[16384, 65536])
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--only", default="", help="run only the kernels whose name contains this")
+    ap.add_argument("--glu-cluster", type=int, choices=(1, 2, 4), default=None,
+                    help="glu_gemm's cluster size (CTAs sharing their weight loads; default: the kernel's)")
     args = ap.parse_args()
     import cupy as cp
+
+    from foxhunt_core.gpu import kernels as K
+
+    if args.glu_cluster is not None:
+        K.GLU_GEMM_CLUSTER = args.glu_cluster
 
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; µs per call (median of {args.repeats})")
     print("| B | kernel | µs |")
     print("|---|---|---|")
     for B in args.batches:
-        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B)}
+        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B)}
         for name, fn in cases.items():
+            if args.only not in name:
+                continue
             print(f"| {B} | {name} | {graph_us(fn, args.repeats):.1f} |", flush=True)
 
 

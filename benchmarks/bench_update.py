@@ -99,6 +99,7 @@ FOXHUNT_VARIANTS = {
     "foxhunt eager": dict(graphs=False, tune=True),
     "foxhunt gemmex": dict(graphs=True, lt=False),
     "foxhunt 1 stream": dict(graphs=True, tune=True, side_stream=False),
+    "foxhunt cublas glu": dict(graphs=True, tune=True, glu_gemm=False),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -107,12 +108,13 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  side_stream: bool = True, stack_max: int | None = None) -> float:
+                  side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
     ``stack_max`` sets the rows up to which the update's forwards run stacked
-    (``foxhunt_core.net.fused.STACK_MAX_ROWS``)."""
+    (``foxhunt_core.net.fused.STACK_MAX_ROWS``), ``glu_gemm=False`` runs the GLUs as cuBLAS's
+    GEMM followed by ``glu_forward`` (``foxhunt_core.net.fused.fused_glu``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.net import fused
 
@@ -123,9 +125,13 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     streams.set_enabled(side_stream)
     if stack_max is not None:
         fused.STACK_MAX_ROWS = stack_max
+    real_fused_glu = fused.fused_glu
+    if not glu_gemm:
+        fused.fused_glu = lambda net, stack: False
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
+        fused.fused_glu = real_fused_glu
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
         streams.set_enabled(True)

@@ -57,6 +57,9 @@ def to_numpy(a: Any) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- CUDA kernels
 _MODULE_CACHE: dict[tuple[int, str, tuple[tuple[str, str], ...]], Any] = {}
+# A kernel source carrying this line uses instructions of its architecture's "a" variant (wgmma on
+# sm_90a): it is compiled for sm_<cc>a.
+ARCH_SPECIFIC = "// foxhunt: arch-specific"
 
 
 def compute_capability() -> str:
@@ -87,7 +90,7 @@ def load_module(cu_path: str, defines: dict[str, Any] | None = None) -> Any:
         except OSError as exc:
             raise BackendError(f"{path}: cannot read kernel source ({exc.strerror})") from None
         preamble = "".join(f"#define {k} {v}\n" for k, v in defs)
-        arch = f"-arch=sm_{compute_capability()}"
+        arch = f"-arch=sm_{compute_capability()}" + ("a" if ARCH_SPECIFIC in src else "")
         try:
             # -I: a kernel may include headers that sit beside it (philox.cuh)
             mod = cupy.RawModule(code=preamble + src, options=(arch, "-std=c++17", f"-I{path.parent.resolve()}"))

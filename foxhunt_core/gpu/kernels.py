@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import check_array
+from . import tma
 from .launch import (
     DEFAULT_DEFINES,
     HEAD_ALIGN,
@@ -90,11 +91,14 @@ __all__ = [
     "dueling_softmax_forward",
     "glu_backward",
     "glu_forward",
+    "glu_gemm",
+    "glu_gemm_supported",
     "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
     "q_stats_workspace",
     "relu_backward",
+    "transpose",
     "vsn_backward",
     "vsn_forward",
 ]
@@ -511,6 +515,106 @@ def glu_forward(pv: Array, *, width: int | None = None, blocks: int = 1, h: Arra
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
         (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
         (pv, i32(ld_pv), h, i32(ld_h), i64(total), i32(H), i32(W), i32(blocks)))
+    return h
+
+
+GLU_GEMM_ROWS, GLU_GEMM_COLS, GLU_GEMM_THREADS = 128, 128, 288  # glu_gemm.cu's tile and block
+GLU_GEMM_BOX_K = 32  # columns of K per TMA box (one 128-byte swizzle row)
+GLU_GEMM_STAGES = 3
+GLU_GEMM_CLUSTER = 2  # CTAs per cluster, sharing their weight loads (TMA multicast)
+_BIG_SMEM: set[int] = set()  # (ids of) the kernels given their shared memory limit
+
+
+def _glu_gemm_smem() -> int:
+    """Bytes of shared memory of glu_gemm.cu: its stages (16 KiB of u and 32 KiB of weights each),
+    the tile's h on its way out (64 KiB), the stages' two mbarriers each and the 1024-byte
+    alignment of the swizzled tiles."""
+    return GLU_GEMM_STAGES * (16384 + 32768) + 65536 + 16 * GLU_GEMM_STAGES + 1024
+
+
+def glu_gemm_supported(H: int | None = None) -> bool:
+    """Whether :func:`glu_gemm` runs on the current device (Hopper's wgmma and TMA: compute
+    capability 9.0) and, given ``H``, GLUs of that width (a multiple of its 128-column tile)."""
+    from ..backend import compute_capability
+
+    return compute_capability() == "90" and (H is None or H % GLU_GEMM_COLS == 0)
+
+
+def transpose(w: Array, *, out: Array | None = None) -> Array:
+    """``w.T`` as a new row-major array (``out`` [N, K] may be a view with any row pitch): the
+    layout :func:`glu_gemm` reads its weights in."""
+    k = "transpose_tile"
+    if getattr(w, "ndim", 0) != 2:
+        raise ValueError(f"{k}: w must be a 2-D CuPy array")
+    K, N = w.shape
+    ld_w = _rows_view(k, "w", w, (K, N))
+    out, ld_out = _view_out(k, "out", out, (N, K))
+    if K and N:
+        _kernel("glu_gemm.cu", k)((-(-N // 32), -(-K // 32)), (32, 8), (w, i32(ld_w), out, i32(ld_out), i32(K), i32(N)))
+    return out
+
+
+def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None = None, blocks: int = 1,
+             h: Array | None = None, pv: Array | None = None, wt: Array | None = None) -> Array:
+    """The GLU layer in one launch: ``pv = u @ w (+ bias)`` on the TF32 tensor cores (wgmma; see
+    :func:`glu_gemm_supported`) and :func:`glu_forward` applied in the GEMM's epilogue. ``u`` [B, K];
+    ``w`` [K, blocks 2H] with each branch's gate and value columns side by side (``[W_gate |
+    W_val]``), read through its transpose ``wt`` [blocks 2H, K] (made here from ``w`` unless
+    given); ``bias`` [blocks 2H] or None. Writes ``h`` [B, blocks width] (augmented as
+    :func:`glu_forward`) and, when ``pv`` [P, blocks 2H] is given, the pre-activations of the first
+    ``P`` rows (what the backward reads); the other rows' never reach memory. Every array may be a
+    view with any row pitch: ``u``, ``wt`` and ``h`` (moved by TMA) with pitches of a multiple of 4
+    floats and 16-byte aligned, ``pv`` with an even pitch; K a multiple of 4, H of 128."""
+    import cupy
+
+    k = "glu_gemm"
+    if not isinstance(u, cupy.ndarray) or u.ndim != 2 or not isinstance(w, cupy.ndarray) or w.ndim != 2:
+        raise ValueError(f"{k}: u and w must be 2-D CuPy arrays")
+    if not glu_gemm_supported():
+        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    B, K = u.shape
+    cols = w.shape[1]
+    if w.shape[0] != K:
+        raise ValueError(f"{k}: u has {K} columns but w has {w.shape[0]} rows")
+    if blocks < 1 or cols % (2 * blocks):
+        raise ValueError(f"{k}: w has {cols} columns; {blocks} joint blocks [gate | value] need a multiple of "
+                         f"{2 * blocks}")
+    H = cols // (2 * blocks)
+    W = H if width is None else int(width)
+    if H % GLU_GEMM_COLS or K % 4 or K <= 0 or W < H or W % 2:
+        raise ValueError(f"{k}: needs H a multiple of {GLU_GEMM_COLS}, K a positive multiple of 4 and an even "
+                         f"width >= H; got H {H}, K {K}, width {W}")
+    _rows_view(k, "u", u, (B, K))
+    if wt is None:
+        wt = transpose(w)
+    _rows_view(k, "wt", wt, (cols, K))
+    if bias is not None:
+        check_array(k, "bias", bias, F32, (cols,))
+    h, ld_h = _view_out(k, "h", h, (B, blocks * W))
+    pv_rows, ld_pv = 0, 0
+    if pv is not None:
+        pv_rows = pv.shape[0] if getattr(pv, "ndim", 0) == 2 else -1
+        if not 0 <= pv_rows <= B:
+            raise ValueError(f"{k}: pv must be [at most {B}, {cols}], got {list(getattr(pv, 'shape', ()))}")
+        ld_pv = _rows_view(k, "pv", pv, (pv_rows, cols))
+    if ld_pv % 2 or any(a is not None and a.data.ptr % 8 for a in (pv, bias)):
+        raise ValueError(f"{k}: pv needs an even row pitch, and pv and bias 8-byte alignment")
+    if B == 0:
+        return h
+    map_u = tma.matrix_map(k, "u", u, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
+    c = GLU_GEMM_CLUSTER
+    map_wt = tma.matrix_map(k, "wt", wt, GLU_GEMM_BOX_K, GLU_GEMM_COLS // c)
+    map_h = tma.matrix_map(k, "h", h, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
+    fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c})
+    smem = _glu_gemm_smem()
+    if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
+        fn.max_dynamic_shared_size_bytes = smem
+        _BIG_SMEM.add(id(fn))
+    groups = blocks * (H // GLU_GEMM_COLS) * -(-B // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
+    clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
+    fn((clusters * c,), (GLU_GEMM_THREADS,),
+       (map_u, map_wt, map_h, bias, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K), i32(H), i32(W),
+        i32(blocks)), shared_mem=smem)
     return h
 
 

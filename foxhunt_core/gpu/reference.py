@@ -142,6 +142,14 @@ def glu_forward(pv: Array, width: int | None = None, blocks: int = 1) -> tuple[A
     return gate, augment(gate * pv[:, H:], width), pv[:, H:]
 
 
+def glu_gemm(u: Array, w: Array, bias: Array | None = None, width: int | None = None,
+             blocks: int = 1) -> tuple[Array, Array]:
+    """``(pv, h)`` of the GLU layer in one: ``pv = u w (+ bias)`` [B, blocks 2H], then
+    :func:`glu_forward`'s augmented ``h`` [B, blocks width]."""
+    pv = u @ w + (0.0 if bias is None else bias)
+    return pv, glu_forward(pv, width, blocks)[1]
+
+
 def glu_backward(dh: Array, pv: Array, blocks: int = 1) -> Array:
     """``[d pre_gate | d val]`` per branch [B, blocks 2H] of :func:`glu_forward`."""
     if blocks > 1:

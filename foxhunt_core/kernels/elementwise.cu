@@ -24,11 +24,7 @@
 #define GRID_STRIDE(i, total) \
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (int)(total); i += gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float stable_sigmoid(float x) {
-    // Split by sign so that expf never overflows (as layers.sigmoid does).
-    const float e = expf(-fabsf(x));
-    return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-}
+#include "activation.cuh"
 
 // The tail of an augmented row: zeros, then a one in the row's last column.
 __device__ __forceinline__ float tail_value(int c, int ld) { return c == ld - 1 ? 1.0f : 0.0f; }

@@ -39,6 +39,13 @@ as few launches as possible:
   are faster). Each forward (segment) writes only what its caller reads: the bootstrap needs
   only E[Q] from the online network, and from the target network only its heads, from which
   the C51 loss kernel forms the bootstrap actions' distributions.
+* **The GLU as one kernel** (:func:`fused_glu`; TF32 on, one parameter tree per forward, GLUs a
+  multiple of 128 wide, a Hopper GPU): ``glu_gemm`` runs the GEMM on the tensor cores (TMA
+  loads, wgmma) and applies the gate in its epilogue, so ``h`` is written straight from the
+  accumulators and the pre-activations reach memory only for the rows whose backward reads them
+  (the online forward on s); the value head, where it shares the direction branch's block, is
+  then a GEMM of its own. Otherwise (the stacked forwards of small batches, plugin gates, fp32)
+  cuBLAS's GEMM writes every row's pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
   advantage layer's another, so the branches after the direction branch run their GLUs as one
   GEMM and one kernel, forward and backward.
@@ -426,13 +433,24 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         u = z if use_z[d0] else _branch_input(net, d0, z, res["q"], extra_cols, wj.shape[0])
         pv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]
         out_cols = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]
-        if use_z[d0] and MAGNITUDE not in g:  # K = H2, the biases in the epilogue (no K tail)
-            mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)
-        else:  # the direction Q and the ones column of the augmented input as well
-            mm(u, wj, out=out_cols, stack=stack)
         h = h_all[:, Wh * d0 : Wh * d1]
-        if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
-            K.glu_forward(pv, width=Wh, blocks=len(g), h=h)
+        no_tail = use_z[d0] and MAGNITUDE not in g  # K = H2, the biases in the epilogue (no K tail)
+        if fused_glu(net, stack) and use_z[d0]:
+            # The GLU in one kernel: h from the GEMM's epilogue, pv only for the rows the backward
+            # reads (the value head, when it rides along, as a GEMM of its own).
+            if with_v:
+                mm(z[:, :H2], wj[:H2, :with_v], out=pv_all[:, :with_v], bias=wj[-1, :with_v])
+            wg = wj[:, with_v:]
+            u_, w_ = (z[:, :H2], wg[:H2]) if no_tail else (z, wg)
+            K.glu_gemm(u_, w_, bias=wg[-1] if no_tail else None, width=Wh, blocks=len(g), h=h,
+                       pv=pv[:keep] if keep else None, wt=K.transpose(w_))
+        else:
+            if no_tail:
+                mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)
+            else:  # the direction Q and the ones column of the augmented input as well
+                mm(u, wj, out=out_cols, stack=stack)
+            if sigmoid_gate:  # only h is written: the backward recomputes gate and value from pv
+                K.glu_forward(pv, width=Wh, blocks=len(g), h=h)
         for i, d in enumerate(g):
             gate = gcache = val = None
             if not sigmoid_gate:
@@ -468,6 +486,19 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         outs.append(NetOutput(lp, part("probs"), lp, cache, q=part("q"), var=part("var"),
                               heads=(v[r0:r1], adv[r0:r1]) if HEADS in w else None))
     return outs
+
+
+def fused_glu(net: Any, stack: Any) -> bool:
+    """Whether a forward's GLUs whose input is the augmented z run as one kernel each
+    (:func:`foxhunt_core.gpu.kernels.glu_gemm`: the GEMM on the TF32 tensor cores with the gate in
+    its epilogue, so that the pre-activations of rows no backward reads never reach memory):
+    with the sigmoid gate, TF32 on, one parameter tree (no ``stack``) and a device and width it
+    supports. Otherwise cuBLAS's GEMM writes every row's pre-activations and ``glu_forward``
+    reads them back."""
+    from .network import SigmoidGate
+
+    return (isinstance(net.gate, SigmoidGate) and stack is None and cublas.tf32_enabled()
+            and K.glu_gemm_supported(net.settings.adv_h))
 
 
 def branch_groups(net: Any) -> list[tuple[int, ...]]:

@@ -137,3 +137,91 @@ def test_graph_replay_equals_eager_updates(with_stages):
             assert _rel(graphed.online[o][k], v) < 1e-5, f"{o}/{k}"
     assert graphed.opt.t == eager.opt.t == 5
     assert int(graphed.opt.t_dev.get().ravel()[0]) == 5
+
+
+def _glu_net_settings():
+    """GLUs 128 wide (glu_gemm's tile) under TF32: the update's GLUs run as glu_gemm."""
+    net = NetSettings(shared_h1=64, shared_h2=64, adv_h=128)
+    return RunSettings(net=net, train=TrainSettings(lr=1e-3, tf32=True))
+
+
+def test_update_through_glu_gemm_is_as_close_to_the_cpu_update_as_cublas(monkeypatch):
+    """Under TF32 the fused network's GLUs run as one kernel each (glu_gemm). The update's loss and
+    gradients from that path are as close to the NumPy float32 update as the path through cuBLAS's
+    GEMM and glu_forward (also TF32), and close to it in absolute terms."""
+    cp = _cp()
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.net import fused
+
+    if not K.glu_gemm_supported(128):
+        pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
+    # Past the stacking threshold, as large batches run: one parameter tree per forward (the
+    # stacked trees of small batches run as strided-batched cuBLAS GEMMs).
+    monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    cpu = Agent(_glu_net_settings(), PluginSet(), np, np.random.default_rng(seed))
+    for o, s in cpu.online.items():
+        for k, v in s.items():
+            cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
+    batch = _batch(rng, 512)
+    g_cpu, s_cpu, _, _ = cpu.loss_and_grads(batch, 0.01)
+
+    calls = []
+    real = K.glu_gemm
+    monkeypatch.setattr(K, "glu_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    results = {}
+    for path in ("glu_gemm", "cublas"):
+        if path == "cublas":
+            monkeypatch.setattr(fused, "fused_glu", lambda net, stack: False)
+        gpu = Agent(_glu_net_settings(), PluginSet(), cp, np.random.default_rng(seed))
+        cublas.set_tf32(True)
+        for o, s in cpu.online.items():
+            for k, v in s.items():
+                gpu.online[o][k][...] = cp.asarray(v)
+                gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+        n = len(calls)
+        results[path] = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)[:2]
+        assert (len(calls) > n) == (path == "glu_gemm"), f"{path}: glu_gemm calls {len(calls) - n}"
+    cublas.set_tf32(False)
+    for path, (_, s_gpu) in results.items():
+        assert abs(float(s_cpu["loss"]) - float(s_gpu["loss"])) < 2e-3 * abs(float(s_cpu["loss"])), path
+    g_glu, g_lt = results["glu_gemm"][0], results["cublas"][0]
+    for o, s in g_cpu.items():
+        for k, v in s.items():
+            e_glu, e_lt = _rel(g_glu[o][k], v), _rel(g_lt[o][k], v)
+            assert e_glu < 2e-2, f"{o}/{k}: {e_glu:.3g}"  # TF32 products against float32 ones
+            assert e_glu < 1.5 * e_lt + 1e-3, f"{o}/{k}: glu_gemm {e_glu:.3g} against cuBLAS {e_lt:.3g}"
+
+
+def test_graph_replay_through_glu_gemm_equals_eager_updates():
+    """The GLUs as glu_gemm (TF32, 128 wide) inside the captured update: replay gives the eager
+    updates (the tensor maps are kernel parameters copied into the graph)."""
+    cp = _cp()
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.graphs import GraphedUpdate
+
+    if not K.glu_gemm_supported(128):
+        pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    eager = Agent(_glu_net_settings(), PluginSet(), cp, np.random.default_rng(seed))
+    graphed = Agent(_glu_net_settings(), PluginSet(), cp, np.random.default_rng(seed))
+    cublas.set_tf32(True)
+    try:
+        g = GraphedUpdate(graphed, 16384)  # past the stacking threshold: one parameter tree per forward
+        for step in range(3):
+            batch = _to(cp, {"b": _batch(rng, 16384)})["b"]
+            coeff = 0.01 * (step + 1)
+            s_e, _, _ = eager.update(batch, cp.asarray(coeff, dtype=cp.float32))
+            g.load_batch(batch)
+            s_g, _, _ = g.replay(coeff)
+            cp.cuda.get_current_stream().synchronize()
+            assert abs(float(s_e["loss"]) - float(s_g["loss"])) <= 1e-5 * abs(float(s_e["loss"]))
+    finally:
+        cublas.set_tf32(False)
+    for o, s in eager.online.items():
+        for k, v in s.items():
+            assert _rel(graphed.online[o][k], v) < 1e-5, f"{o}/{k}"

@@ -73,9 +73,23 @@ def _put(out, value):
     return out
 
 
-def _kernels() -> types.SimpleNamespace:
+def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
-    branch subsets and skipped outputs as the kernels do."""
+    branch subsets and skipped outputs as the kernels do; with ``glu_gemm_on`` the GLU-in-one-
+    kernel path (``glu_gemm``) runs where the fused network takes it on the GPU."""
+
+    def glu_gemm_supported(H=None):
+        return glu_gemm_on
+
+    def transpose(w, *, out=None):
+        return _put(out, w.T.copy())
+
+    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None):
+        assert wt is None or np.array_equal(wt, w.T)
+        rpv, rh = R.glu_gemm(u, w, bias, width, blocks)
+        if pv is not None:  # only the rows asked for
+            pv[...] = rpv[: pv.shape[0]]
+        return _put(h, rh)
 
     def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None):
         rm, rz = R.vsn_forward(h2, mpre, width)
@@ -143,7 +157,7 @@ def _kernels() -> types.SimpleNamespace:
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
-        dueling_softmax_forward, dueling_backward)})
+        dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose)})
 
 
 def _one_stream() -> types.SimpleNamespace:
@@ -177,7 +191,7 @@ def _blas() -> types.SimpleNamespace:
     def ones_row(rows, dtype):
         return np.ones((1, rows))
 
-    return types.SimpleNamespace(matmul=matmul, ones_row=ones_row)
+    return types.SimpleNamespace(matmul=matmul, ones_row=ones_row, tf32_enabled=lambda: True)
 
 
 def _nth(x, elements):
@@ -195,10 +209,10 @@ def _offset(x):
     return x.__array_interface__["data"][0] - _base(x).__array_interface__["data"][0]
 
 
-@pytest.fixture
-def numpy_fused(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["cublas-then-glu", "glu-gemm"])
+def numpy_fused(monkeypatch, request):
     monkeypatch.setitem(sys.modules, "cupy", _numpy_cupy())
-    monkeypatch.setattr(fused, "K", _kernels())
+    monkeypatch.setattr(fused, "K", _kernels(request.param))
     monkeypatch.setattr(fused, "cublas", _blas())
     monkeypatch.setattr(fused, "streams", _one_stream())
     return fused
@@ -396,11 +410,24 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
         return real_dueling(v, adv, z, offsets, **kw)
 
     monkeypatch.setattr(fused.K, "dueling_softmax_forward", dueling_counting)
+    glu_pv_rows = []  # per glu_gemm call: the rows whose pre-activations it keeps
+    real_glu = fused.K.glu_gemm
+
+    def glu_counting(u, w, **kw):
+        glu_pv_rows.append(None if kw.get("pv") is None else kw["pv"].shape[0])
+        return real_glu(u, w, **kw)
+
+    monkeypatch.setattr(fused.K, "glu_gemm", glu_counting)
     obs, nxt = rng.normal(size=(6, net.settings.state_dim)), rng.normal(size=(6, net.settings.state_dim))
     twin = online if large else copy
     got, got_next, got_target = numpy_fused.forward_segments(
         net, [(online.tree, obs, ("log_probs",)), (twin.tree, nxt, ("q",)), (target.tree, nxt, (fused.HEADS,))],
         keep_cache=True)
+    if large and fused.K.glu_gemm_supported():
+        # Each forward's two GLU groups in one kernel each; only the rows of s keep pv.
+        assert sorted(glu_pv_rows, key=str) == [6, 6, None, None]
+    else:
+        assert not glu_pv_rows  # (stacked parameter trees: cuBLAS's strided-batched GEMMs)
     if large:
         assert all(s is None for s in stacks)
     else:

@@ -1,0 +1,123 @@
+"""Parity of glu_gemm.cu (the GLU layer as one TF32 tensor-core GEMM with the gate in its
+epilogue; TMA loads, warp-specialized, persistent) with the NumPy twin ``reference.glu_gemm``.
+
+The inputs are rounded to TF32 first (the low 13 mantissa bits dropped, as the tensor cores read
+them), so the products are exact and the tolerance is float32 accumulation's:
+``||out - ref|| / ||ref|| < 2e-5``. Outputs are views into NaN-poisoned wider arrays: every element
+the kernel should write is checked, every other one must stay NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_parity import assert_close, host64, nan_like, to_dev
+
+from foxhunt_core.gpu import kernels as K
+from foxhunt_core.gpu import reference as R
+
+pytestmark = pytest.mark.gpu
+TOL = 2e-5
+
+
+@pytest.fixture(autouse=True)
+def _hopper(cp):
+    if not K.glu_gemm_supported():
+        pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
+
+
+def tf32(a: np.ndarray) -> np.ndarray:
+    """``a`` as float32 with the low 13 mantissa bits cleared (what a TF32 tensor core reads)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+def _case(rng, B, K_, H, blocks, bias):
+    u = tf32(rng.normal(0, 1.0, (B, K_)))
+    w = tf32(rng.normal(0, 3.0 / np.sqrt(K_), (K_, 2 * H * blocks)))  # |pre| up to ~10: both sigmoid branches
+    b = rng.normal(0, 1.0, 2 * H * blocks).astype(np.float32) if bias else None
+    return u, w, b
+
+
+def _check(cp, u, w, b, blocks, width, h_wide, lead, pv_wide, P, H):
+    rpv, rh = R.glu_gemm(host64(u), host64(w), None if b is None else host64(b), width, blocks)
+    cols = blocks * width
+    h = host64(h_wide)
+    assert_close("h", h[:, lead : lead + cols], rh, TOL)
+    for i in range(blocks):  # the augmented tails exactly
+        tail = h[:, lead + i * width + H : lead + (i + 1) * width]
+        assert np.array_equal(tail, rh[:, i * width + H : (i + 1) * width])
+    assert np.isnan(h[:, :lead]).all() and np.isnan(h[:, lead + cols :]).all(), "h written outside its view"
+    if pv_wide is not None:
+        pv = host64(pv_wide)
+        assert_close("pv", pv[:P, lead : lead + 2 * H * blocks], rpv[:P], TOL)
+        assert np.isnan(pv[P:]).all(), "pv written past its rows"
+        assert np.isnan(pv[:, :lead]).all() and np.isnan(pv[:, lead + 2 * H * blocks :]).all()
+
+
+@pytest.mark.parametrize("B", [300, 3000])  # 18 tiles; 144 tiles (past one per SM: the persistent loop)
+def test_glu_gemm_three_branches_ones_column(cp, rng, B):
+    """The network's joint GLU of three branches: K = 260 (the augmented z, its bias in W's last
+    row), row counts no multiple of the 128-row tile, pv kept for the first rows only."""
+    H, blocks, K_, width, lead = 256, 3, 260, 260, 8
+    u, w, _ = _case(rng, B, K_, H, blocks, bias=False)
+    h_wide = nan_like(cp, (B, lead + blocks * width + 4))
+    P = B // 3
+    pv_wide = nan_like(cp, (P, lead + 2 * H * blocks + 4))
+    out = K.glu_gemm(to_dev(cp, u), to_dev(cp, w), width=width, blocks=blocks,
+                     h=h_wide[:, lead : lead + blocks * width], pv=pv_wide[:, lead : lead + 2 * H * blocks])
+    assert out.data.ptr == h_wide[:, lead:].data.ptr
+    _check(cp, u, w, None, blocks, width, h_wide, lead, pv_wide, P, H)
+
+
+def test_glu_gemm_direction_branch_bias_in_epilogue(cp, rng):
+    """The direction branch's GLU: u a [B, 256] view of the wider augmented z, the bias added in the
+    epilogue, a K that ends inside a k chunk of 32 nowhere (256), pv of every row."""
+    B, H, K_, width, lead = 1000, 256, 256, 260, 4
+    u, w, b = _case(rng, B, K_, H, 1, bias=True)
+    z = nan_like(cp, (B, 260))
+    z[:, :K_] = to_dev(cp, u)
+    h_wide = nan_like(cp, (B, lead + width + 4))
+    pv_wide = nan_like(cp, (B, lead + 2 * H))
+    K.glu_gemm(z[:, :K_], to_dev(cp, w), bias=to_dev(cp, b), width=width, h=h_wide[:, lead : lead + width],
+               pv=pv_wide[:, lead:])
+    _check(cp, u, w, b, 1, width, h_wide, lead, pv_wide, B, H)
+
+
+def test_glu_gemm_in_a_cuda_graph(cp, rng):
+    """Captured once, replayed over new contents of the same buffers: the tensor maps travel with
+    the graph (kernel parameters by value)."""
+    B, H, blocks, K_, width = 700, 128, 2, 132, 132
+    u_d = cp.empty((B, K_), cp.float32)
+    w_d = cp.empty((K_, 2 * H * blocks), cp.float32)
+    wt_d = cp.empty((2 * H * blocks, K_), cp.float32)
+    h_d = nan_like(cp, (B, blocks * width))
+    u, w, _ = _case(rng, B, K_, H, blocks, bias=False)
+    u_d[...], w_d[...] = to_dev(cp, u), to_dev(cp, w)
+    K.glu_gemm(u_d, w_d, width=width, blocks=blocks, h=h_d, wt=K.transpose(w_d, out=wt_d))  # warm-up: compiles
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        K.transpose(w_d, out=wt_d)
+        K.glu_gemm(u_d, w_d, width=width, blocks=blocks, h=h_d, wt=wt_d)
+        graph = stream.end_capture()
+        for _ in range(2):
+            u, w, _ = _case(rng, B, K_, H, blocks, bias=False)
+            u_d[...], w_d[...] = to_dev(cp, u), to_dev(cp, w)
+            h_d[...] = np.nan
+            stream.synchronize()
+            graph.launch(stream)
+            stream.synchronize()
+            _check(cp, u, w, None, blocks, width, h_d, 0, None, 0, H)
+
+
+def test_glu_gemm_rejects_bad_layouts(cp, rng):
+    u = cp.zeros((64, 260), cp.float32)
+    with pytest.raises(ValueError, match="glu_gemm: needs H a multiple of 128"):
+        K.glu_gemm(u, cp.zeros((260, 2 * 96), cp.float32))
+    with pytest.raises(ValueError, match="glu_gemm: u has 260 columns but w has 256 rows"):
+        K.glu_gemm(u, cp.zeros((256, 256), cp.float32))
+    with pytest.raises(ValueError, match="glu_gemm: u must"):
+        K.glu_gemm(cp.zeros((64, 1040), cp.float32)[:, 1::4][:, :260], cp.zeros((260, 256), cp.float32))
+    with pytest.raises(ValueError, match="glu_gemm: u must .* row pitch a multiple of 16 bytes"):  # TMA's rule
+        K.glu_gemm(cp.zeros((64, 262), cp.float32)[:, :260], cp.zeros((260, 256), cp.float32))
