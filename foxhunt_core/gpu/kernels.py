@@ -541,8 +541,9 @@ def glu_gemm_supported(H: int | None = None) -> bool:
 
 
 def transpose(w: Array, *, out: Array | None = None) -> Array:
-    """``w.T`` as a new row-major array (``out`` [N, K] may be a view with any row pitch): the
-    layout :func:`glu_gemm` reads its weights in."""
+    """``w.T`` rounded to TF32 (to nearest, as cuBLAS rounds its TF32 operands) as a new row-major
+    array (``out`` [N, K] may be a view with any row pitch): the weights as :func:`glu_gemm`
+    reads them."""
     k = "transpose_tile"
     if getattr(w, "ndim", 0) != 2:
         raise ValueError(f"{k}: w must be a 2-D CuPy array")
@@ -557,14 +558,17 @@ def transpose(w: Array, *, out: Array | None = None) -> Array:
 def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None = None, blocks: int = 1,
              h: Array | None = None, pv: Array | None = None, wt: Array | None = None) -> Array:
     """The GLU layer in one launch: ``pv = u @ w (+ bias)`` on the TF32 tensor cores (wgmma; see
-    :func:`glu_gemm_supported`) and :func:`glu_forward` applied in the GEMM's epilogue. ``u`` [B, K];
-    ``w`` [K, blocks 2H] with each branch's gate and value columns side by side (``[W_gate |
-    W_val]``), read through its transpose ``wt`` [blocks 2H, K] (made here from ``w`` unless
-    given); ``bias`` [blocks 2H] or None. Writes ``h`` [B, blocks width] (augmented as
-    :func:`glu_forward`) and, when ``pv`` [P, blocks 2H] is given, the pre-activations of the first
-    ``P`` rows (what the backward reads); the other rows' never reach memory. Every array may be a
-    view with any row pitch: ``u``, ``wt`` and ``h`` (moved by TMA) with pitches of a multiple of 4
-    floats and 16-byte aligned, ``pv`` with an even pitch; K a multiple of 4, H of 128."""
+    :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does, the
+    products accumulated in float32) and :func:`glu_forward` applied in the GEMM's epilogue.
+
+    ``u`` [B, K]; ``w`` [K, blocks 2H] with each branch's gate and value columns side by side
+    (``[W_gate | W_val]``), read through its rounded transpose ``wt`` [blocks 2H, K]
+    (:func:`transpose`; made here from ``w`` unless given); ``bias`` [blocks 2H] or None. Writes
+    ``h`` [B, blocks width] (augmented as :func:`glu_forward`) and, when ``pv`` [P, blocks 2H] is
+    given, the pre-activations of the first ``P`` rows (what the backward reads); the other rows'
+    never reach memory. Every array may be a view with any row pitch: ``u``, ``wt`` and ``h``
+    (moved by TMA) with pitches of a multiple of 4 floats and 16-byte aligned, ``pv`` with an
+    even pitch; K a multiple of 4, H of 128."""
     import cupy
 
     k = "glu_gemm"

@@ -30,7 +30,10 @@
 //     epilogue needs no exchange), and
 //     release the previous chunk's stage once its wgmmas are done. After a tile's last chunk
 //     comes the epilogue, while the producer already loads the next tile.
-// TMA fills the parts of a box past M rows or K columns with zeros.
+// TMA fills the parts of a box past M rows or K columns with zeros. Both operands are rounded to
+// TF32 to nearest before the products, as cuBLAS rounds them (wgmma alone would drop the low 13
+// mantissa bits, a bias toward zero): the weights by transpose_tile, each stage's rows of u in
+// shared memory by the warpgroup that reads them, while its previous products run.
 //
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_gemm): the tensor maps
 // describe u [M, K], wt [blocks 2H, K] and h [M, blocks width] with boxes of 32 columns x 128
@@ -129,6 +132,29 @@ __device__ __forceinline__ void tma_store(const TensorMap* map, unsigned src, in
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
                  ::"l"(reinterpret_cast<unsigned long long>(map)), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
+
+// Round the 64 rows of u that warpgroup `wg` reads from the stage at `stage_base` to TF32, to
+// nearest (cvt.rna), in place: the tensor cores would drop the low 13 mantissa bits, a bias
+// toward zero that cuBLAS's TF32 GEMMs do not have. The weights come rounded (transpose_tile).
+// Then the async proxy (wgmma) may read them once the warpgroup has passed its barrier.
+__device__ __forceinline__ void round_rows_tf32(unsigned stage_base, int wg, int lt) {
+    const unsigned rows = stage_base + wg * 64 * 128;  // 8 KiB: 512 16-byte chunks, 4 per thread
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned at = rows + (lt + 128 * i) * 16;
+        unsigned a, b, c, d;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(at));
+        asm("cvt.rna.tf32.f32 %0, %0;\n" : "+r"(a));
+        asm("cvt.rna.tf32.f32 %0, %0;\n" : "+r"(b));
+        asm("cvt.rna.tf32.f32 %0, %0;\n" : "+r"(c));
+        asm("cvt.rna.tf32.f32 %0, %0;\n" : "+r"(d));
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// The 128 threads of consumer warpgroup `wg` (named barrier 2 + wg).
+__device__ __forceinline__ void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
 
 // The 256 consumer threads (named barrier 1).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(32 * GW_CONSUMER_WARPS) : "memory"); }
@@ -229,8 +255,11 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
         const int branch = ct / per_branch, j0 = (ct % per_branch) * GW_BH;
 #pragma unroll
         for (int i = 0; i < GW_BH; ++i) acc[i] = 0.0f;
+        // Each chunk's rows of u are rounded while the previous chunk's products run.
+        mbar_wait(full + 8 * stage, phase);
+        round_rows_tf32(base + stage * GW_STAGE, wg, tid & 127);
+        warpgroup_sync(wg);
         for (int kc = 0; kc < chunks; ++kc) {
-            mbar_wait(full + 8 * stage, phase);
             const unsigned sa = base + stage * GW_STAGE + wg * 64 * 128;  // this warpgroup's rows of u
             const unsigned sb = base + stage * GW_STAGE + GW_TILE_A;
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -238,6 +267,12 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
             for (int s = 0; s < GW_BK / 8; ++s)  // (past K the stage holds zeros)
                 wgmma_m64n256k8(acc, sw128_desc(sa + 32 * s), sw128_desc(sb + 32 * s));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            if (kc + 1 < chunks) {
+                const int next = stage + 1 == GW_STAGES ? 0 : stage + 1;
+                mbar_wait(full + 8 * next, next == 0 ? phase ^ 1 : phase);
+                round_rows_tf32(base + next * GW_STAGE, wg, tid & 127);
+                warpgroup_sync(wg);
+            }
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // the previous chunk's are done
             if (kc > 0 && lane < GW_CLUSTER) mbar_arrive_cluster(empty + 8 * last, lane);
             last = stage;
@@ -299,8 +334,9 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
     cluster_sync();
 }
 
-// wt [N, K] (row pitch ld_wt) = w [K, N] (row pitch ld_w) transposed: the GLU weights as
-// glu_gemm reads them. 32 x 32 tiles through shared memory; blocks of 32 x 8 threads.
+// wt [N, K] (row pitch ld_wt) = w [K, N] (row pitch ld_w) transposed and rounded to TF32 (to
+// nearest): the GLU weights as glu_gemm reads them. 32 x 32 tiles through shared memory; blocks
+// of 32 x 8 threads.
 extern "C" __global__ void transpose_tile(const float* __restrict__ w, int ld_w, float* __restrict__ wt, int ld_wt,
                                           int K, int N)
 {
@@ -313,6 +349,10 @@ extern "C" __global__ void transpose_tile(const float* __restrict__ w, int ld_w,
     __syncthreads();
     for (int i = threadIdx.y; i < 32; i += 8) {
         const int n = n0 + i, k = k0 + threadIdx.x;
-        if (n < N && k < K) wt[(long long)n * ld_wt + k] = tile[threadIdx.x][i];
+        if (n < N && k < K) {
+            unsigned v = __float_as_uint(tile[threadIdx.x][i]);
+            asm("cvt.rna.tf32.f32 %0, %0;\n" : "+r"(v));
+            wt[(long long)n * ld_wt + k] = __uint_as_float(v);
+        }
     }
 }

@@ -1,8 +1,9 @@
 """Parity of glu_gemm.cu (the GLU layer as one TF32 tensor-core GEMM with the gate in its
 epilogue; TMA loads, warp-specialized, persistent) with the NumPy twin ``reference.glu_gemm``.
 
-The inputs are rounded to TF32 first (the low 13 mantissa bits dropped, as the tensor cores read
-them), so the products are exact and the tolerance is float32 accumulation's:
+The inputs are rounded to TF32 first (the low 13 mantissa bits dropped: the kernel's own rounding
+to nearest leaves them as they are), so the products are exact and the tolerance is float32
+accumulation's:
 ``||out - ref|| / ||ref|| < 2e-5``. Outputs are views into NaN-poisoned wider arrays: every element
 the kernel should write is checked, every other one must stay NaN.
 """
@@ -109,6 +110,30 @@ def test_glu_gemm_in_a_cuda_graph(cp, rng):
             graph.launch(stream)
             stream.synchronize()
             _check(cp, u, w, None, blocks, width, h_d, 0, None, 0, H)
+
+
+def tf32_nearest(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to TF32, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def test_glu_gemm_rounds_its_operands_to_nearest(cp, rng):
+    """Inputs not representable in TF32: the kernel rounds both operands to nearest, as cuBLAS's
+    TF32 GEMMs do (the tensor cores alone would truncate: a bias toward zero). Against the float64
+    product of the inputs rounded so on the host the error is float32 accumulation's; against the
+    truncated inputs' it is not."""
+    B, H, blocks, K_, width = 2000, 256, 3, 260, 260
+    u = rng.normal(0, 1.0, (B, K_)).astype(np.float32)
+    w = (rng.normal(0, 3.0 / np.sqrt(K_), (K_, 2 * H * blocks)) + 0.05).astype(np.float32)  # one-signed part
+    h = K.glu_gemm(to_dev(cp, u), to_dev(cp, w), width=width, blocks=blocks, h=nan_like(cp, (B, blocks * width)))
+    _, r_nearest = R.glu_gemm(host64(tf32_nearest(u)), host64(tf32_nearest(w)), None, width, blocks)
+    _, r_trunc = R.glu_gemm(host64(tf32(u)), host64(tf32(w)), None, width, blocks)
+    assert_close("h (operands rounded to nearest)", h, r_nearest, TOL)
+    err_trunc = float(np.linalg.norm(host64(h) - r_trunc) / np.linalg.norm(r_trunc))
+    assert err_trunc > 10 * TOL, f"h is as close to the truncated operands' product ({err_trunc:.3g})"
+    wt = K.transpose(to_dev(cp, w))
+    assert np.array_equal(wt.get(), tf32_nearest(w).T)
 
 
 def test_glu_gemm_rejects_bad_layouts(cp, rng):
