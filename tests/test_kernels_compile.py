@@ -77,3 +77,23 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
         for name, value in re.findall(r"#ifndef (\w+)\s*\n\s*#define \1 ([^\n]+)", text):
             if name in DEFAULT_DEFINES:
                 assert value.replace(" ", "") == DEFAULT_DEFINES[name], f"{_rel(cu)}: default of {name}"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("cluster", [1, 2, 4])
+def test_glu_gemm_compiles_for_each_cluster_size(cluster: int, tmp_path: Path) -> None:
+    """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster)."""
+    _compile(ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu", {"GW_CLUSTER": str(cluster)}, tmp_path)
+
+
+def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
+    """The kernel's tile, stages and cluster size as the wrapper sizes its launch and shared memory."""
+    from foxhunt_core.gpu import kernels as K
+
+    src = (ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu").read_text()
+    defaults = dict(re.findall(r"#define (GW_\w+) (\d+)\b", src))
+    assert int(defaults["GW_STAGES"]) == K.GLU_GEMM_STAGES
+    assert int(defaults["GW_CLUSTER"]) == K.GLU_GEMM_CLUSTER
+    assert (int(defaults["GW_BM"]), int(defaults["GW_BH"])) == (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS)
+    assert 32 * int(defaults["GW_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
+    assert int(defaults["GW_BK"]) == K.GLU_GEMM_BOX_K
