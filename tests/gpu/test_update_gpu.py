@@ -110,6 +110,22 @@ def test_gpu_update_matches_cpu_update(with_stages):
             assert cp.array_equal(gpu.target[o][k], v), f"target {o}/{k}"
 
 
+def _replay_against_eager(cp, rng, eager, graphed, g, rows, steps):
+    """``steps`` updates on fresh batches of ``rows``, eagerly by ``eager`` and replayed by ``g``
+    (``graphed``'s captured update): the same losses, and the same parameters after."""
+    for step in range(steps):
+        batch = _to(cp, {"b": _batch(rng, rows)})["b"]
+        coeff = 0.01 * (step + 1)
+        s_e, _, _ = eager.update(batch, cp.asarray(coeff, dtype=cp.float32))
+        g.load_batch(batch)
+        s_g, _, _ = g.replay(coeff)
+        cp.cuda.get_current_stream().synchronize()
+        assert abs(float(s_e["loss"]) - float(s_g["loss"])) <= 1e-5 * abs(float(s_e["loss"]))
+    for o, s in eager.online.items():
+        for k, v in s.items():
+            assert _rel(graphed.online[o][k], v) < 1e-5, f"{o}/{k}"
+
+
 @pytest.mark.parametrize("with_stages", [False, True], ids=["core", "with-stages"])
 def test_graph_replay_equals_eager_updates(with_stages):
     cp = _cp()
@@ -124,17 +140,7 @@ def test_graph_replay_equals_eager_updates(with_stages):
     for o, s in start.items():  # capture left the parameters untouched
         for k, v in s.items():
             assert cp.array_equal(graphed.online[o][k], v), f"capture changed {o}/{k}"
-    for step in range(5):
-        batch = _to(cp, {"b": _batch(rng, 128)})["b"]
-        coeff = 0.01 * (step + 1)
-        s_e, _, _ = eager.update(batch, cp.asarray(coeff, dtype=cp.float32))
-        g.load_batch(batch)
-        s_g, _, _ = g.replay(coeff)
-        cp.cuda.get_current_stream().synchronize()
-        assert abs(float(s_e["loss"]) - float(s_g["loss"])) <= 1e-5 * abs(float(s_e["loss"]))
-    for o, s in eager.online.items():
-        for k, v in s.items():
-            assert _rel(graphed.online[o][k], v) < 1e-5, f"{o}/{k}"
+    _replay_against_eager(cp, rng, eager, graphed, g, 128, 5)
     assert graphed.opt.t == eager.opt.t == 5
     assert int(graphed.opt.t_dev.get().ravel()[0]) == 5
 
@@ -245,16 +251,6 @@ def test_graph_replay_through_glu_gemm_equals_eager_updates():
     cublas.set_tf32(True)
     try:
         g = GraphedUpdate(graphed, 16384)  # past the stacking threshold: one parameter tree per forward
-        for step in range(3):
-            batch = _to(cp, {"b": _batch(rng, 16384)})["b"]
-            coeff = 0.01 * (step + 1)
-            s_e, _, _ = eager.update(batch, cp.asarray(coeff, dtype=cp.float32))
-            g.load_batch(batch)
-            s_g, _, _ = g.replay(coeff)
-            cp.cuda.get_current_stream().synchronize()
-            assert abs(float(s_e["loss"]) - float(s_g["loss"])) <= 1e-5 * abs(float(s_e["loss"]))
+        _replay_against_eager(cp, rng, eager, graphed, g, 16384, 3)
     finally:
         cublas.set_tf32(False)
-    for o, s in eager.online.items():
-        for k, v in s.items():
-            assert _rel(graphed.online[o][k], v) < 1e-5, f"{o}/{k}"
