@@ -16,7 +16,9 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
   the bias in the epilogue; the other three branches' at once: K = 260, the bias in the ones
   column), as cuBLASLt's GEMM (autotuned) followed by ``glu_forward``, and as ``glu_gemm``
   (one launch, the gate in the GEMM's epilogue; what the update runs), writing h alone or h and
-  the first B rows' pv, with the transposed weights it reads made in the call or before.
+  the first B rows' pv, with the transposed weights it reads made in the call or before, and
+  with u's first 256 columns rounded to TF32 in the kernel or taken as their writer rounded them
+  (``rounded``: the network's z, as ``vsn_forward`` writes it).
 
 The inputs are random and fixed.
 """
@@ -117,6 +119,8 @@ def glu_cases(B: int) -> dict:
     R, H, Wz, Wh = 2 * B, 256, 260, 260
     rng = cp.random.default_rng(0)
     u = rng.standard_normal((R, Wz), dtype=cp.float32)
+    # The first H columns TF32 values, as vsn_forward writes the network's z (``rounded`` cases).
+    u[:, :H] = ((u[:, :H].view(cp.uint32) + cp.uint32(0x1000)) & cp.uint32(0xFFFFE000)).view(cp.float32)
     w = rng.standard_normal((Wz, 8 * H), dtype=cp.float32) * 0.05
     pv = cp.empty((R, 8 * H), cp.float32)
     h = cp.empty((R, 4 * Wh), cp.float32)
@@ -129,6 +133,10 @@ def glu_cases(B: int) -> dict:
         "GLU direction: glu_gemm (h)": lambda: K.glu_gemm(u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh]),
         "GLU direction: glu_gemm (h, pv of B rows)": lambda: K.glu_gemm(
             u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh], pv=pv[:B, : 2 * H]),
+        "GLU direction: glu_gemm (h, u rounded by its writer)": lambda: K.glu_gemm(
+            u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh], rounded=H),
+        "GLU direction: glu_gemm (h, pv of B rows, u rounded by its writer)": lambda: K.glu_gemm(
+            u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh], pv=pv[:B, : 2 * H], rounded=H),
         "GLU 3 branches: GEMM + glu_forward": lambda: (
             cublas.matmul(u, wj, out=pv[:, 2 * H :]),
             K.glu_forward(pv[:, 2 * H :], width=Wh, blocks=3, h=h[:, Wh:])),
@@ -137,6 +145,10 @@ def glu_cases(B: int) -> dict:
             u, wj, width=Wh, blocks=3, h=h[:, Wh:], wt=wjt),
         "GLU 3 branches: glu_gemm (h, pv of B rows)": lambda: K.glu_gemm(
             u, wj, width=Wh, blocks=3, h=h[:, Wh:], pv=pv[:B, 2 * H :]),
+        "GLU 3 branches: glu_gemm (h, u's first 256 columns rounded by its writer)": lambda: K.glu_gemm(
+            u, wj, width=Wh, blocks=3, h=h[:, Wh:], rounded=H),
+        "GLU 3 branches: glu_gemm (h, pv of B rows, u's first 256 columns rounded by its writer)": lambda: K.glu_gemm(
+            u, wj, width=Wh, blocks=3, h=h[:, Wh:], pv=pv[:B, 2 * H :], rounded=H),
     }
 
 

@@ -36,8 +36,9 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(ROOT))
 
 
-def _compile(cu: Path, defines: dict[str, str], tmp: Path) -> None:
+def _compile(cu: Path, defines: dict[str, str], tmp: Path, cubin: bool = False) -> str:
     """Compile ``cu`` as load_module does: the defines as a ``#define`` preamble before the source.
+    Returns the compiler's messages (with ``cubin``, through ptxas with its resource report).
 
     (A ``-DNAME=value`` flag cannot carry ``BRANCH_OFFSETS={0,3,...}``: nvcc splits option values
     at commas.) ``#line`` keeps the compiler's messages pointing into the original file.
@@ -46,10 +47,13 @@ def _compile(cu: Path, defines: dict[str, str], tmp: Path) -> None:
     src = tmp / cu.name
     src.write_text(f'{preamble}#line 1 "{cu}"\n{cu.read_text()}')
     arch = "sm_90a" if ARCH_SPECIFIC in cu.read_text() else "sm_90"  # as load_module picks it
-    cmd = [NVCC, "-ptx", f"-arch={arch}", "-std=c++17", f"-I{cu.parent}", "-o", str(tmp / f"{cu.stem}.ptx"), str(src)]
+    out = ["-cubin", "-Xptxas", "-v"] if cubin else ["-ptx"]
+    out += ["-o", str(tmp / f"{cu.stem}.{out[0][1:]}")]
+    cmd = [NVCC, *out, f"-arch={arch}", "-std=c++17", f"-I{cu.parent}", str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"{_rel(cu)} does not compile for {arch} with {defines}:\n{res.stderr}{res.stdout}")
+    return res.stderr + res.stdout
 
 
 @needs_nvcc
@@ -80,10 +84,17 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
 
 
 @needs_nvcc
-@pytest.mark.parametrize("cluster", [1, 2, 4])
-def test_glu_gemm_compiles_for_each_cluster_size(cluster: int, tmp_path: Path) -> None:
-    """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster)."""
-    _compile(ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu", {"GW_CLUSTER": str(cluster)}, tmp_path)
+@pytest.mark.parametrize(("cluster", "tail"), [(1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 4)])
+def test_glu_gemm_compiles_for_each_cluster_size_and_k_tail(cluster: int, tail: int, tmp_path: Path) -> None:
+    """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster) and
+    for each count of k steps in its last chunk (the wrapper's variants by K), through ptxas: its
+    wgmma products must not be serialized (ptxas's C7520, which a wgmma under a run-time
+    condition brings) and nothing may spill."""
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu",
+                    {"GW_CLUSTER": str(cluster), "GW_TAIL_STEPS": str(tail)}, tmp_path, cubin=True)
+    assert "C7520" not in msgs and "serialized" not in msgs, msgs
+    spills = re.findall(r"(\d+) bytes spill stores", msgs)
+    assert spills and all(n == "0" for n in spills), msgs
 
 
 def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
@@ -97,3 +108,4 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     assert (int(defaults["GW_BM"]), int(defaults["GW_BH"])) == (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS)
     assert 32 * int(defaults["GW_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
     assert int(defaults["GW_BK"]) == K.GLU_GEMM_BOX_K
+    assert int(defaults["GW_TAIL_STEPS"]) == K.GLU_GEMM_BOX_K // 8  # (the wrapper sets it from K)

@@ -556,7 +556,7 @@ def transpose(w: Array, *, out: Array | None = None) -> Array:
 
 
 def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None = None, blocks: int = 1,
-             h: Array | None = None, pv: Array | None = None, wt: Array | None = None) -> Array:
+             h: Array | None = None, pv: Array | None = None, wt: Array | None = None, rounded: int = 0) -> Array:
     """The GLU layer in one launch: ``pv = u @ w (+ bias)`` on the TF32 tensor cores (wgmma; see
     :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does, the
     products accumulated in float32) and :func:`glu_forward` applied in the GEMM's epilogue.
@@ -568,7 +568,13 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     given, the pre-activations of the first ``P`` rows (what the backward reads); the other rows'
     never reach memory. Every array may be a view with any row pitch: ``u``, ``wt`` and ``h``
     (moved by TMA) with pitches of a multiple of 4 floats and 16-byte aligned, ``pv`` with an
-    even pitch; K a multiple of 4, H of 128."""
+    even pitch; K a multiple of 4, H of 128.
+
+    ``rounded``: u's first columns up to this one hold TF32 values already, rounded to nearest by
+    u's writer (:func:`vsn_forward` with ``tf32``): the kernel takes the k chunks (of
+    :data:`GLU_GEMM_BOX_K` columns) wholly within them as they are, and rounds only the others
+    (rounding in shared memory costs bandwidth the products need). Columns not so rounded would be
+    truncated by the tensor cores."""
     import cupy
 
     k = "glu_gemm"
@@ -588,6 +594,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     if H % GLU_GEMM_COLS or K % 4 or K <= 0 or W < H or W % 2:
         raise ValueError(f"{k}: needs H a multiple of {GLU_GEMM_COLS}, K a positive multiple of 4 and an even "
                          f"width >= H; got H {H}, K {K}, width {W}")
+    if not 0 <= rounded <= K:
+        raise ValueError(f"{k}: rounded {rounded} outside 0..{K} (u's columns)")
     _rows_view(k, "u", u, (B, K))
     if wt is None:
         wt = transpose(w)
@@ -609,7 +617,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     c = GLU_GEMM_CLUSTER
     map_wt = tma.matrix_map(k, "wt", wt, GLU_GEMM_BOX_K, GLU_GEMM_COLS // c)
     map_h = tma.matrix_map(k, "h", h, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
-    fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c})
+    tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
+    fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail})
     smem = _glu_gemm_smem()
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
@@ -618,7 +627,7 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
     fn((clusters * c,), (GLU_GEMM_THREADS,),
        (map_u, map_wt, map_h, bias, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K), i32(H), i32(W),
-        i32(blocks)), shared_mem=smem)
+        i32(blocks), i32(rounded)), shared_mem=smem)
     return h
 
 
@@ -665,13 +674,15 @@ def relu_backward(dy: Array, y: Array, *, addend: Array | None = None, out: Arra
 
 def vsn_forward(
     h2: Array, mpre: Array, *, width: int | None = None, keep_rows: int | None = None,
-    m: Array | None = None, z: Array | None = None,
+    m: Array | None = None, z: Array | None = None, tf32: bool = False,
 ) -> tuple[Array | None, Array]:
     """Variable-selection mask: ``m = sigmoid(mpre)``, ``z = h2 * m``; returns ``(m, z)``.
 
     ``width`` > H gives the augmented ``z`` = ``[h2 * m, 0, ..., 0, 1]`` [B, width]. ``m`` is
     written for the first ``keep_rows`` rows (default all; the rows a backward will read) and
-    is None for ``keep_rows=0``."""
+    is None for ``keep_rows=0``. With ``tf32`` z is written rounded to TF32, to nearest
+    (:func:`.reference.tf32_nearest`): where only TF32 GEMMs read it, which round it so anyway,
+    :func:`glu_gemm` then need not (its ``rounded``)."""
     k = "vsn_forward"
     B, H = _matrix(k, "h2", h2)
     check_array(k, "mpre", mpre, F32, (B, H))
@@ -685,7 +696,7 @@ def vsn_forward(
     total = B * W
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(
         (_elementwise_grid(total // 4 if vec4 else total),), (THREADS,),
-        (h2, mpre, m, z, i64(total), i32(H), i32(W), i32(keep)))
+        (h2, mpre, m, z, i64(total), i32(H), i32(W), i32(keep), i32(bool(tf32))))
     return m, z
 
 

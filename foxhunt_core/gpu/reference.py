@@ -167,9 +167,17 @@ def relu_backward(dy: Array, y: Array, addend: Array | None = None) -> Array:
     return L.relu_backward(y, dy if addend is None else dy + addend)
 
 
-def vsn_forward(h2: Array, mpre: Array, width: int | None = None) -> tuple[Array, Array]:
+def tf32_nearest(a: Array) -> Array:
+    """``a`` as float32 rounded to TF32 (10 mantissa bits), to nearest with ties away from zero
+    (``cvt.rna.tf32.f32``; the sign-magnitude bits rounded up by half a TF32 unit, then cut)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def vsn_forward(h2: Array, mpre: Array, width: int | None = None, tf32: bool = False) -> tuple[Array, Array]:
     m = L.sigmoid(mpre)
-    return m, augment(h2 * m, width)
+    z = augment(h2 * m, width)
+    return m, tf32_nearest(z).astype(z.dtype) if tf32 else z
 
 
 def pack_rows(sources: Sequence[Array], width: int) -> Array:

@@ -144,13 +144,15 @@ extern "C" __global__ void relu_backward(
 }
 
 // z [rows, ld] (augmented when ld > cols); m [keep_rows, cols] is written for the first
-// keep_rows rows only (the rows a backward will read; 0: none).
+// keep_rows rows only (the rows a backward will read; 0: none). With tf32 z is written rounded to
+// TF32 (tf32_nearest): where every reader of z is a TF32 GEMM, which rounds its operands so
+// anyway, glu_gemm need not round it again in shared memory.
 extern "C" __global__ void vsn_forward(
     const float* h2,                     // [rows, cols]
     const float* mpre,                   // [rows, cols] h2 @ W_vsn + b_vsn
     float* m,                            // [keep_rows, cols] or null
     float* z,                            // [rows, ld]
-    long long total, int cols, int ld, int keep_rows)   // total = rows * ld
+    long long total, int cols, int ld, int keep_rows, int tf32)   // total = rows * ld
 {
     GRID_STRIDE(i, total) {
         const int r = i / ld, c = i - r * ld;
@@ -160,13 +162,15 @@ extern "C" __global__ void vsn_forward(
         }
         const float s = stable_sigmoid(mpre[r * cols + c]);
         if (r < keep_rows) m[r * cols + c] = s;
-        z[i] = h2[r * cols + c] * s;
+        const float zi = h2[r * cols + c] * s;
+        z[i] = tf32 ? tf32_nearest(zi) : zi;
     }
 }
 
 // vsn_forward on four consecutive columns per thread (as glu_forward_vec4).
 extern "C" __global__ void vsn_forward_vec4(
-    const float* h2, const float* mpre, float* m, float* z, long long total, int cols, int ld, int keep_rows)
+    const float* h2, const float* mpre, float* m, float* z, long long total, int cols, int ld, int keep_rows,
+    int tf32)
 {
     const int cols4 = cols >> 2, ld4_ = ld >> 2;
     GRID_STRIDE(t, total >> 2) {
@@ -180,7 +184,9 @@ extern "C" __global__ void vsn_forward_vec4(
         const float4 s = make_float4(stable_sigmoid(p.x), stable_sigmoid(p.y), stable_sigmoid(p.z), stable_sigmoid(p.w));
         if (r < keep_rows) st4(m, i4, s);
         const float4 h = ld4(h2, i4);
-        st4(z, t, make_float4(h.x * s.x, h.y * s.y, h.z * s.z, h.w * s.w));
+        float4 zi = make_float4(h.x * s.x, h.y * s.y, h.z * s.z, h.w * s.w);
+        if (tf32) zi = make_float4(tf32_nearest(zi.x), tf32_nearest(zi.y), tf32_nearest(zi.z), tf32_nearest(zi.w));
+        st4(z, t, zi);
     }
 }
 

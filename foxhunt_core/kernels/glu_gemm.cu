@@ -30,10 +30,14 @@
 //     epilogue needs no exchange), and
 //     release the previous chunk's stage once its wgmmas are done. After a tile's last chunk
 //     comes the epilogue, while the producer already loads the next tile.
-// TMA fills the parts of a box past M rows or K columns with zeros. Both operands are rounded to
-// TF32 to nearest before the products, as cuBLAS rounds them (wgmma alone would drop the low 13
-// mantissa bits, a bias toward zero): the weights by transpose_tile, each stage's rows of u in
-// shared memory by the warpgroup that reads them, while its previous products run.
+// TMA fills the parts of a box past M rows or K columns with zeros; the last chunk's k steps wholly
+// past K are not issued (GW_TAIL_STEPS, set by the wrapper from K: K = 260 runs one of the four).
+// Both operands are rounded to TF32 to nearest before the products, as cuBLAS rounds them (wgmma
+// alone would drop the low 13 mantissa bits, a bias toward zero): the weights by transpose_tile,
+// each stage's rows of u in shared memory by the warpgroup that reads them, while its previous
+// products run, except the chunks wholly within u's first `rounded_k` columns, which u's writer
+// rounded already (the network's z, written rounded by vsn_forward: rounding in shared memory took
+// a fifth of this kernel's time, on shared-memory bandwidth the products need).
 //
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_gemm): the tensor maps
 // describe u [M, K], wt [blocks 2H, K] and h [M, blocks width] with boxes of 32 columns x 128
@@ -51,6 +55,9 @@ __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f,
 #define GW_BK 32                                 // k per stage: one 128-byte swizzle row
 #ifndef GW_STAGES
 #define GW_STAGES 3
+#endif
+#ifndef GW_TAIL_STEPS
+#define GW_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
 #endif
 #ifndef GW_CLUSTER
 #define GW_CLUSTER 2                             // CTAs per cluster: row tiles sharing one weight load
@@ -177,12 +184,22 @@ __device__ __forceinline__ void wgmma_m64n256k8(float* d, unsigned long long a, 
         : "l"(a), "l"(b));
 }
 
+// One chunk's products, STEPS k steps of 8 (a compile-time count: wgmma under a run-time condition
+// would be serialized), committed as one group.
+template <int STEPS>
+__device__ __forceinline__ void chunk_products(float* acc, unsigned sa, unsigned sb) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) wgmma_m64n256k8(acc, sw128_desc(sa + 32 * s), sw128_desc(sb + 32 * s));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
 glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ TensorMap map_wt,
          const __grid_constant__ TensorMap map_h, const float* __restrict__ bias,
          float* __restrict__ h, int ld_h,
          float* __restrict__ pv, int ld_pv, int pv_rows,
-         int M, int K, int H, int width, int blocks)
+         int M, int K, int H, int width, int blocks, int rounded_k)
 {
     extern __shared__ unsigned char smem_raw[];
     const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms 1024-byte aligned
@@ -255,23 +272,23 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
         const int branch = ct / per_branch, j0 = (ct % per_branch) * GW_BH;
 #pragma unroll
         for (int i = 0; i < GW_BH; ++i) acc[i] = 0.0f;
-        // Each chunk's rows of u are rounded while the previous chunk's products run.
+        // Each chunk's rows of u are rounded (unless u's writer did) while the previous chunk's
+        // products run.
         mbar_wait(full + 8 * stage, phase);
-        round_rows_tf32(base + stage * GW_STAGE, wg, tid & 127);
-        warpgroup_sync(wg);
-        for (int kc = 0; kc < chunks; ++kc) {
-            const unsigned sa = base + stage * GW_STAGE + wg * 64 * 128;  // this warpgroup's rows of u
-            const unsigned sb = base + stage * GW_STAGE + GW_TILE_A;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int s = 0; s < GW_BK / 8; ++s)  // (past K the stage holds zeros)
-                wgmma_m64n256k8(acc, sw128_desc(sa + 32 * s), sw128_desc(sb + 32 * s));
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (GW_BK > rounded_k) {
+            round_rows_tf32(base + stage * GW_STAGE, wg, tid & 127);
+            warpgroup_sync(wg);
+        }
+        // After chunk kc's products are issued: the next chunk's stage awaited (and rounded), the
+        // previous chunk's stage released once its products are done.
+        auto advance = [&](int kc) {
             if (kc + 1 < chunks) {
                 const int next = stage + 1 == GW_STAGES ? 0 : stage + 1;
                 mbar_wait(full + 8 * next, next == 0 ? phase ^ 1 : phase);
-                round_rows_tf32(base + next * GW_STAGE, wg, tid & 127);
-                warpgroup_sync(wg);
+                if ((kc + 2) * GW_BK > rounded_k) {
+                    round_rows_tf32(base + next * GW_STAGE, wg, tid & 127);
+                    warpgroup_sync(wg);
+                }
             }
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // the previous chunk's are done
             if (kc > 0 && lane < GW_CLUSTER) mbar_arrive_cluster(empty + 8 * last, lane);
@@ -280,7 +297,15 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
                 stage = 0;
                 phase ^= 1;
             }
+        };
+        const unsigned rows_u = wg * 64 * 128;  // this warpgroup's rows of u in a stage
+        int kc = 0;
+        for (; kc + 1 < chunks; ++kc) {
+            chunk_products<GW_BK / 8>(acc, base + stage * GW_STAGE + rows_u, base + stage * GW_STAGE + GW_TILE_A);
+            advance(kc);
         }
+        chunk_products<GW_TAIL_STEPS>(acc, base + stage * GW_STAGE + rows_u, base + stage * GW_STAGE + GW_TILE_A);
+        advance(kc);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lane < GW_CLUSTER) mbar_arrive_cluster(empty + 8 * last, lane);  // (in every CTA: lane r in CTA r)
 

@@ -44,8 +44,10 @@ as few launches as possible:
   loads, wgmma) and applies the gate in its epilogue, so ``h`` is written straight from the
   accumulators and the pre-activations reach memory only for the rows whose backward reads them
   (the online forward on s); the value head, where it shares the direction branch's block, is
-  then a GEMM of its own. Otherwise (the stacked forwards of small batches, plugin gates, fp32)
-  cuBLAS's GEMM writes every row's pre-activations and ``glu_forward`` reads them back.
+  then a GEMM of its own. ``vsn_forward`` then writes z rounded to TF32 (every reader of z is a
+  TF32 GEMM, which rounds it the same way), so ``glu_gemm`` need not round it again. Otherwise
+  (the stacked forwards of small batches, plugin gates, fp32) cuBLAS's GEMM writes every row's
+  pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
   advantage layer's another, so the branches after the direction branch run their GLUs as one
   GEMM and one kernel, forward and backward.
@@ -364,7 +366,11 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     h2 = mm(h1, p["trunk.w2"], bias=p["trunk.b2"], relu=True, stack=stack)
     mpre = mm(h2, p["vsn.w"], bias=p["vsn.b"], stack=stack)
     keep = B if keep_cache else 0
-    m, z = K.vsn_forward(h2, mpre, width=z_width(net), keep_rows=keep, m=mpre[:keep] if keep else None)
+    # With the GLUs in one kernel each, z is written rounded to TF32 (to nearest): its readers are
+    # all TF32 GEMMs, which round it so anyway, and glu_gemm then takes its first H2 columns as
+    # they are instead of rounding them in shared memory.
+    z_tf32 = fused_glu(net, stack)
+    m, z = K.vsn_forward(h2, mpre, width=z_width(net), keep_rows=keep, m=mpre[:keep] if keep else None, tf32=z_tf32)
     Wh, lead = h_width(net), pv_lead(net)
     # Each branch's [gate | value] pre-activations, behind the value head when it is joined (its
     # GEMM is then the direction branch's); else the value head on its own.
@@ -443,7 +449,7 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
             wg = wj[:, with_v:]
             u_, w_ = (z[:, :H2], wg[:H2]) if no_tail else (z, wg)
             K.glu_gemm(u_, w_, bias=wg[-1] if no_tail else None, width=Wh, blocks=len(g), h=h,
-                       pv=pv[:keep] if keep else None, wt=K.transpose(w_))
+                       pv=pv[:keep] if keep else None, wt=K.transpose(w_), rounded=H2 if z_tf32 else 0)
         else:
             if no_tail:
                 mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)

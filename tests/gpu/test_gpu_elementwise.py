@@ -112,6 +112,14 @@ def test_vsn_forward_and_backward(cp, rng, width, H):
     assert_close("mpre past the kept rows", dmpre_in[keep:], mpre[keep:], 1e-7)
     m3, _ = K.vsn_forward(to_dev(cp, h2), to_dev(cp, mpre), width=W, keep_rows=0)
     assert m3 is None
+    # Rounded to TF32 (for glu_gemm, which then reads z as it is): exactly the plain z rounded to
+    # nearest, every element a TF32 value, and as close to the reference as TF32 allows.
+    _, z4 = K.vsn_forward(to_dev(cp, h2), to_dev(cp, mpre), width=W, z=nan_like(cp, (B, W or H)), tf32=True)
+    z4, z_plain = z4.get(), z.get()
+    assert np.array_equal(z4, R.tf32_nearest(z_plain))
+    assert not (z4.view(np.uint32) & np.uint32(0x1FFF)).any()
+    assert not np.array_equal(z4, z_plain)  # (the plain z is not TF32 already)
+    assert_close("z (TF32)", z4, R.vsn_forward(host64(h2), host64(mpre), W, tf32=True)[1], 5e-4)
     wide = nan_like(cp, (B, H + 5))
     wide[:, :H] = to_dev(cp, dz)
     dh2, dmpre = K.vsn_backward(wide[:, :H], to_dev(cp, h2), m,

@@ -112,12 +112,6 @@ def test_glu_gemm_in_a_cuda_graph(cp, rng):
             _check(cp, u, w, None, blocks, width, h_d, 0, None, 0, H)
 
 
-def tf32_nearest(a: np.ndarray) -> np.ndarray:
-    """``a`` rounded to TF32, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 def test_glu_gemm_rounds_its_operands_to_nearest(cp, rng):
     """Inputs not representable in TF32: the kernel rounds both operands to nearest, as cuBLAS's
     TF32 GEMMs do (the tensor cores alone would truncate: a bias toward zero). Against the float64
@@ -127,19 +121,48 @@ def test_glu_gemm_rounds_its_operands_to_nearest(cp, rng):
     u = rng.normal(0, 1.0, (B, K_)).astype(np.float32)
     w = (rng.normal(0, 3.0 / np.sqrt(K_), (K_, 2 * H * blocks)) + 0.05).astype(np.float32)  # one-signed part
     h = K.glu_gemm(to_dev(cp, u), to_dev(cp, w), width=width, blocks=blocks, h=nan_like(cp, (B, blocks * width)))
-    _, r_nearest = R.glu_gemm(host64(tf32_nearest(u)), host64(tf32_nearest(w)), None, width, blocks)
+    _, r_nearest = R.glu_gemm(host64(R.tf32_nearest(u)), host64(R.tf32_nearest(w)), None, width, blocks)
     _, r_trunc = R.glu_gemm(host64(tf32(u)), host64(tf32(w)), None, width, blocks)
     assert_close("h (operands rounded to nearest)", h, r_nearest, TOL)
     err_trunc = float(np.linalg.norm(host64(h) - r_trunc) / np.linalg.norm(r_trunc))
     assert err_trunc > 10 * TOL, f"h is as close to the truncated operands' product ({err_trunc:.3g})"
     wt = K.transpose(to_dev(cp, w))
-    assert np.array_equal(wt.get(), tf32_nearest(w).T)
+    assert np.array_equal(wt.get(), R.tf32_nearest(w).T)
+
+
+# (K, rounded): the k chunks' last holding 1 (K = 260, 100), 4 (256), 2 (140) and 3 (152) k steps of 8
+@pytest.mark.parametrize(("K_", "rounded"), [(260, 256), (256, 96), (140, 64), (152, 0), (100, 100)])
+def test_glu_gemm_takes_columns_rounded_by_the_writer_as_they_are(cp, rng, K_, rounded):
+    """``rounded``: the k chunks (32 columns) wholly within u's first ``rounded`` columns are read
+    as they are (the network's z comes rounded), the others rounded to nearest. With inputs not
+    representable in TF32 the tensor cores truncate the former, which shows which chunks the
+    kernel rounded: the result is the product of u truncated there and rounded elsewhere."""
+    B, H, blocks = 1500, 128, 2
+    u = rng.normal(0, 1.0, (B, K_)).astype(np.float32)
+    w = (rng.normal(0, 3.0 / np.sqrt(K_), (K_, 2 * H * blocks)) + 0.05).astype(np.float32)
+    taken = rounded // 32 * 32  # columns in chunks the kernel does not round
+    expect_u = np.concatenate([tf32(u[:, :taken]), R.tf32_nearest(u[:, taken:])], axis=1)
+    h = K.glu_gemm(to_dev(cp, u), to_dev(cp, w), width=H, blocks=blocks, h=nan_like(cp, (B, blocks * H)),
+                   rounded=rounded)
+    _, ref = R.glu_gemm(host64(expect_u), host64(R.tf32_nearest(w)), None, H, blocks)
+    assert_close("h", h, ref, TOL)
+    if taken:  # ... and far closer to it than to the product of u rounded everywhere
+        _, all_rounded = R.glu_gemm(host64(R.tf32_nearest(u)), host64(R.tf32_nearest(w)), None, H, blocks)
+        err, err_all = (float(np.linalg.norm(host64(h) - r) / np.linalg.norm(r)) for r in (ref, all_rounded))
+        assert err_all > 20 * err, f"h is about as close to the all-rounded product ({err_all:.3g} vs {err:.3g})"
+    # Already-rounded columns read as they are give the all-rounded product.
+    u_r = np.concatenate([R.tf32_nearest(u[:, :rounded]), u[:, rounded:]], axis=1)
+    h2 = K.glu_gemm(to_dev(cp, u_r), to_dev(cp, w), width=H, blocks=blocks, rounded=rounded)
+    _, ref2 = R.glu_gemm(host64(R.tf32_nearest(u)), host64(R.tf32_nearest(w)), None, H, blocks)
+    assert_close("h (writer-rounded columns)", h2, ref2, TOL)
 
 
 def test_glu_gemm_rejects_bad_layouts(cp, rng):
     u = cp.zeros((64, 260), cp.float32)
     with pytest.raises(ValueError, match="glu_gemm: needs H a multiple of 128"):
         K.glu_gemm(u, cp.zeros((260, 2 * 96), cp.float32))
+    with pytest.raises(ValueError, match="glu_gemm: rounded 261 outside 0..260"):
+        K.glu_gemm(u, cp.zeros((260, 256), cp.float32), rounded=261)
     with pytest.raises(ValueError, match="glu_gemm: u has 260 columns but w has 256 rows"):
         K.glu_gemm(u, cp.zeros((256, 256), cp.float32))
     with pytest.raises(ValueError, match="glu_gemm: u must"):

@@ -84,17 +84,25 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     def transpose(w, *, out=None):
         return _put(out, w.T.copy())
 
-    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None):
+    rounded_z: list = []  # the z vsn_forward wrote rounded to TF32 (the kernel's ``tf32``)
+
+    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None, rounded=0):
         assert wt is None or np.array_equal(wt, w.T)
+        # Columns the kernel takes as they are must come rounded by their writer: a z written so,
+        # over its own columns (not the direction-Q ones the dueling kernel writes behind them).
+        assert rounded == 0 or any(np.shares_memory(u, z) and rounded <= cols for z, cols in rounded_z), rounded
         rpv, rh = R.glu_gemm(u, w, bias, width, blocks)
         if pv is not None:  # only the rows asked for
             pv[...] = rpv[: pv.shape[0]]
         return _put(h, rh)
 
-    def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None):
-        rm, rz = R.vsn_forward(h2, mpre, width)
+    def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None, tf32=False):
+        rm, rz = R.vsn_forward(h2, mpre, width)  # (float64 here: TF32 modelled as exact, as in matmul)
         keep = h2.shape[0] if keep_rows is None else keep_rows
-        return (_put(m, rm[:keep]) if keep else None), _put(z, rz)
+        z = _put(z, rz)
+        if tf32:
+            rounded_z.append((z, h2.shape[1]))
+        return (_put(m, rm[:keep]) if keep else None), z
 
     def glu_forward(pv, *, width=None, blocks=1, h=None):
         return _put(h, R.glu_forward(pv, width, blocks)[1])
