@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ OTHER_DEFINES = {**branch_defines((0, 2, 5, 7), 21, head_align=4), "ATTN_DIM": "
 
 
 def _rel(p: Path) -> str:
-    return str(p.relative_to(ROOT))
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def _compile(cu: Path, defines: dict[str, str], tmp: Path, cubin: bool = False) -> str:
@@ -109,3 +110,28 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     assert 32 * int(defaults["GW_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
     assert int(defaults["GW_BK"]) == K.GLU_GEMM_BOX_K
     assert int(defaults["GW_TAIL_STEPS"]) == K.GLU_GEMM_BOX_K // 8  # (the wrapper sets it from K)
+
+
+@needs_nvcc
+def test_glu_gemm_diagnostic_variants_still_apply(tmp_path: Path) -> None:
+    """benchmarks/glu_gemm_variants.py edits glu_gemm.cu textually: each edit must still find its
+    text (the script stops otherwise), and each variant must compile."""
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "glu_gemm_variants.py"
+    spec = importlib.util.spec_from_file_location("glu_gemm_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
+    src = mod.SOURCE.read_text()
+    for name in mod.VARIANTS:
+        variant = mod.variant_source(name, src)
+        assert name == "kernel" or variant != src
+        cu = tmp_path / f"{name.replace(' ', '_')}.cu"
+        cu.write_text(variant)
+        out = tmp_path / "out"
+        out.mkdir(exist_ok=True)
+        _compile(cu, {}, out)
