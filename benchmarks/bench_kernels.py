@@ -18,7 +18,10 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
   (one launch, the gate in the GEMM's epilogue; what the update runs), writing h alone or h and
   the first B rows' pv, with the transposed weights it reads made in the call or before, and
   with u's first 256 columns rounded to TF32 in the kernel or taken as their writer rounded them
-  (``rounded``: the network's z, as ``vsn_forward`` writes it).
+  (``rounded``: the network's z, as ``vsn_forward`` writes it);
+- the four advantage heads over the 2 B rows ([2 B, 256] x [256, 156] each, the bias in the
+  epilogue, h as ``glu_gemm`` writes it: rounded to TF32), as four cuBLASLt GEMMs (autotuned) and
+  as one ``linear_gemm``.
 
 The inputs are random and fixed.
 """
@@ -152,6 +155,33 @@ def glu_cases(B: int) -> dict:
     }
 
 
+def heads_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import cublas, cublaslt
+    from foxhunt_core.gpu import kernels as K
+
+    cublas.set_tf32(True)
+    cublaslt.set_autotune(True)
+    R, H, Wh, N = 2 * B, 256, 260, 156
+    rng = cp.random.default_rng(1)
+    h = rng.standard_normal((R, 4 * Wh), dtype=cp.float32)
+    h = ((h.view(cp.uint32) + cp.uint32(0x1000)) & cp.uint32(0xFFFFE000)).view(cp.float32)  # as glu_gemm writes it
+    w = rng.standard_normal((Wh, 4 * N), dtype=cp.float32) * 0.05
+    adv = cp.empty((R, 4 * N), cp.float32)
+    wt = K.transpose(w[:H])
+    ins = [h[:, Wh * i : Wh * i + H] for i in range(4)]
+    outs = [adv[:, N * i : N * (i + 1)] for i in range(4)]
+    return {
+        "heads (4 x K = 256, N = 156): cuBLASLt GEMMs, bias in the epilogue": lambda: [
+            cublas.matmul(ins[i], w[:H, N * i : N * (i + 1)], out=outs[i], bias=w[-1, N * i : N * (i + 1)])
+            for i in range(4)],
+        "heads (4 x K = 256, N = 156): linear_gemm": lambda: K.linear_gemm(
+            ins, [wt[N * i : N * (i + 1)] for i in range(4)], outs, bias=[w[-1, N * i : N * (i + 1)] for i in range(4)],
+            rounded=H),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[16384, 65536])
@@ -171,7 +201,7 @@ def main() -> None:
     print("| B | kernel | µs |")
     print("|---|---|---|")
     for B in args.batches:
-        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B)}
+        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B), **heads_cases(B)}
         for name, fn in cases.items():
             if args.only not in name:
                 continue

@@ -22,6 +22,7 @@ Each variant is the kernel's source with one textual substitution, compiled as t
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,19 +33,20 @@ from bench_stack import graph_us  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu"
 
-STORE = """                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\\n" ::"r"(at), "f"(fast_sigmoid(g0) * v0),
-                             "f"(fast_sigmoid(g1) * v1) : "memory");"""
-EPILOGUE_START = "        // Epilogue. Accumulator element"
+SIGMOID = "float h0 = fast_sigmoid(g0) * v0, h1 = fast_sigmoid(g1) * v1;"
+STORE = ('                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\\n" ::"r"(staged_at(hbuf, r, col)), "f"(h0), '
+         '"f"(h1)\n                             : "memory");')
+EPILOGUE_START = "        // Epilogue (the accumulators' layout"
 LOOP = "#pragma unroll\n        for (int j = 0; j < GW_BH / 8; ++j) {"
-FENCE = '        asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the writes'  # noqa: E501
+FENCE = '        asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the writes'
 
 # name: [(old, new), ...] in glu_gemm.cu
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "kernel": [],
-    "no sigmoid": [('"f"(fast_sigmoid(g0) * v0),', '"f"(g0 * v0),'), ('"f"(fast_sigmoid(g1) * v1)', '"f"(g1 * v1)')],
+    "no sigmoid": [(SIGMOID, "float h0 = g0 * v0, h1 = g1 * v1;")],
     "no TMA store": [("tma_store(&map_h, hbuf", "if (M < 0) tma_store(&map_h, hbuf")],
     "no staging": [  # the values summed into one register, stored never
-        (STORE, "                sink += fast_sigmoid(g0) * v0 + fast_sigmoid(g1) * v1;"),
+        (STORE, "                sink += h0 + h1;"),
         (LOOP, "        float sink = 0.0f;\n" + LOOP),
         (FENCE, "        if (sink == 1234.5f) h[0] = sink;\n" + FENCE)],
     "no epilogue": [(EPILOGUE_START, "        if (M > 0) continue;\n" + EPILOGUE_START)],
@@ -88,6 +90,8 @@ def main() -> None:
     print("| variant | " + " | ".join(cases) + " |")
     print("|---|" + "---|" * len(cases))
     with tempfile.TemporaryDirectory() as tmp:
+        for header in SOURCE.parent.glob("*.cuh"):  # (NVRTC looks for includes beside the source)
+            shutil.copy(header, tmp)
         for name in VARIANTS:
             path = Path(tmp) / f"glu_gemm_{name.replace(' ', '_')}.cu"
             path.write_text(variant_source(name, src))

@@ -85,6 +85,17 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
 
 
 @needs_nvcc
+@pytest.mark.parametrize("defines", [{}, {"LG_RELU": "1", "LG_ROUND_OUT": "1"}, {"LG_TAIL_STEPS": "1"},
+                                     {"LG_CLUSTER": "1"}, {"LG_CLUSTER": "4"}], ids=str)
+def test_linear_gemm_compiles_unserialized_without_spills(defines: dict, tmp_path: Path) -> None:
+    """linear_gemm.cu's variants through ptxas: no serialized wgmma (C7520), nothing spilled."""
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "linear_gemm.cu", defines, tmp_path, cubin=True)
+    assert "C7520" not in msgs and "serialized" not in msgs, msgs
+    spills = re.findall(r"(\d+) bytes spill stores", msgs)
+    assert spills and all(n == "0" for n in spills), msgs
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("cluster", "tail"), [(1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 4)])
 def test_glu_gemm_compiles_for_each_cluster_size_and_k_tail(cluster: int, tail: int, tmp_path: Path) -> None:
     """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster) and
@@ -92,7 +103,8 @@ def test_glu_gemm_compiles_for_each_cluster_size_and_k_tail(cluster: int, tail: 
     wgmma products must not be serialized (ptxas's C7520, which a wgmma under a run-time
     condition brings) and nothing may spill."""
     msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu",
-                    {"GW_CLUSTER": str(cluster), "GW_TAIL_STEPS": str(tail)}, tmp_path, cubin=True)
+                    {"GW_CLUSTER": str(cluster), "GW_TAIL_STEPS": str(tail), "GW_ROUND_H": str(tail % 2)},
+                    tmp_path, cubin=True)
     assert "C7520" not in msgs and "serialized" not in msgs, msgs
     spills = re.findall(r"(\d+) bytes spill stores", msgs)
     assert spills and all(n == "0" for n in spills), msgs
@@ -102,14 +114,23 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     """The kernel's tile, stages and cluster size as the wrapper sizes its launch and shared memory."""
     from foxhunt_core.gpu import kernels as K
 
-    src = (ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu").read_text()
-    defaults = dict(re.findall(r"#define (GW_\w+) (\d+)\b", src))
+    kdir = ROOT / "foxhunt_core" / "kernels"
+    src = "".join((kdir / f).read_text() for f in ("tc_gemm.cuh", "glu_gemm.cu", "linear_gemm.cu"))
+    defaults = dict(re.findall(r"#define ((?:GW|LG|TC)_\w+) (\d+)\b", src))
     assert int(defaults["GW_STAGES"]) == K.GLU_GEMM_STAGES
     assert int(defaults["GW_CLUSTER"]) == K.GLU_GEMM_CLUSTER
-    assert (int(defaults["GW_BM"]), int(defaults["GW_BH"])) == (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS)
-    assert 32 * int(defaults["GW_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
-    assert int(defaults["GW_BK"]) == K.GLU_GEMM_BOX_K
+    assert (int(defaults["TC_BM"]), int(defaults["GW_BH"])) == (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS)
+    assert 32 * int(defaults["TC_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
+    assert int(defaults["TC_BK"]) == K.GLU_GEMM_BOX_K
     assert int(defaults["GW_TAIL_STEPS"]) == K.GLU_GEMM_BOX_K // 8  # (the wrapper sets it from K)
+    # linear_gemm.cu: its tile, stages, cluster size and sets, and its argument record's size
+    assert int(defaults["LG_BN"]) == K.LINEAR_GEMM_COLS
+    assert int(defaults["LG_STAGES"]) == K.LINEAR_GEMM_STAGES
+    assert int(defaults["LG_CLUSTER"]) == K.LINEAR_GEMM_CLUSTER
+    assert int(defaults["LG_BRANCHES"]) == K.LINEAR_GEMM_SETS
+    size = 3 * K.LINEAR_GEMM_SETS * 128 + 8 * K.LINEAR_GEMM_SETS  # sizeof(LinearArgs): maps, bias pointers
+    assert K.LINEAR_ARGS.itemsize == -(-size // 64) * 64  # (__align__(64))
+    assert K._linear_gemm_smem() <= 227 * 1024 and K._glu_gemm_smem() <= 227 * 1024  # an H100/H200 block's most
 
 
 @needs_nvcc
@@ -127,6 +148,8 @@ def test_glu_gemm_diagnostic_variants_still_apply(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(path.parent))
     src = mod.SOURCE.read_text()
+    for header in mod.SOURCE.parent.glob("*.cuh"):  # (as the script does)
+        shutil.copy(header, tmp_path)
     for name in mod.VARIANTS:
         variant = mod.variant_source(name, src)
         assert name == "kernel" or variant != src

@@ -556,7 +556,8 @@ def transpose(w: Array, *, out: Array | None = None) -> Array:
 
 
 def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None = None, blocks: int = 1,
-             h: Array | None = None, pv: Array | None = None, wt: Array | None = None, rounded: int = 0) -> Array:
+             h: Array | None = None, pv: Array | None = None, wt: Array | None = None, rounded: int = 0,
+             tf32_h: bool = False) -> Array:
     """The GLU layer in one launch: ``pv = u @ w (+ bias)`` on the TF32 tensor cores (wgmma; see
     :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does, the
     products accumulated in float32) and :func:`glu_forward` applied in the GEMM's epilogue.
@@ -574,7 +575,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     u's writer (:func:`vsn_forward` with ``tf32``): the kernel takes the k chunks (of
     :data:`GLU_GEMM_BOX_K` columns) wholly within them as they are, and rounds only the others
     (rounding in shared memory costs bandwidth the products need). Columns not so rounded would be
-    truncated by the tensor cores."""
+    truncated by the tensor cores. ``tf32_h``: h is written rounded to TF32 (to nearest), for
+    readers that are TF32 GEMMs (:func:`linear_gemm` with ``rounded``)."""
     import cupy
 
     k = "glu_gemm"
@@ -618,7 +620,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     map_wt = tma.matrix_map(k, "wt", wt, GLU_GEMM_BOX_K, GLU_GEMM_COLS // c)
     map_h = tma.matrix_map(k, "h", h, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
-    fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail})
+    fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail,
+                                    "GW_ROUND_H": int(bool(tf32_h))})
     smem = _glu_gemm_smem()
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
@@ -629,6 +632,89 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
        (map_u, map_wt, map_h, bias, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K), i32(H), i32(W),
         i32(blocks), i32(rounded)), shared_mem=smem)
     return h
+
+
+LINEAR_GEMM_COLS = 160  # linear_gemm.cu's tile: 128 rows x 160 columns (the wgmma's N)
+LINEAR_GEMM_STAGES = 3
+LINEAR_GEMM_CLUSTER = 2
+LINEAR_GEMM_SETS = 4  # operand sets per launch, at most (LG_BRANCHES)
+# linear_gemm.cu's LinearArgs: every set's three tensor maps, then its bias pointer (64-byte aligned).
+LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias", np.uint64, (LINEAR_GEMM_SETS,)),
+                        ("pad", np.uint64, (-LINEAR_GEMM_SETS % 8,))])
+
+
+def _linear_gemm_smem() -> int:
+    """Bytes of shared memory of linear_gemm.cu: its stages (16 KiB of A and 20 KiB of weights
+    each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage, the alignment."""
+    boxes = -(-LINEAR_GEMM_COLS // 32)
+    return LINEAR_GEMM_STAGES * (16384 + LINEAR_GEMM_COLS * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES + 1024
+
+
+def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | None = None, *,
+                bias: Sequence[Array | None] | None = None, relu: bool = False, tf32_out: bool = False,
+                rounded: int = 0) -> list[Array]:
+    """Up to four linear layers in one launch: ``out[b] = a[b] @ wt[b].T (+ bias[b])`` (then
+    ``relu``) on the TF32 tensor cores (wgmma; see :func:`glu_gemm_supported`; both operands
+    rounded to TF32 to nearest, as cuBLAS does, the products accumulated in float32).
+
+    ``a[b]`` [M, K]; ``wt[b]`` [N, K], the weights transposed and rounded (:func:`transpose`);
+    ``bias[b]`` [N] or None; ``out[b]`` [M, N] (new arrays when not given). Every matrix may be a
+    view with any row pitch that is a multiple of 4 floats, 16-byte aligned (TMA moves them), e.g.
+    the column blocks of one wider array: a set writes only its own columns. N even, K a multiple
+    of 4. ``rounded``: a's columns up to this one hold TF32 values already, rounded to nearest by
+    their writer (:func:`glu_gemm` with ``tf32_h``; see its ``rounded``). ``tf32_out``: out is
+    written rounded to TF32 (to nearest)."""
+    import cupy
+
+    k = "linear_gemm"
+    sets = len(a)
+    if not 1 <= sets <= LINEAR_GEMM_SETS or len(wt) != sets or (out is not None and len(out) != sets) \
+            or (bias is not None and len(bias) != sets):
+        raise ValueError(f"{k}: 1 to {LINEAR_GEMM_SETS} sets of a, wt (and out, bias), got {sets} a, {len(wt)} wt")
+    if not all(isinstance(x, cupy.ndarray) and x.ndim == 2 for x in (*a, *wt)):
+        raise ValueError(f"{k}: a and wt must be 2-D CuPy arrays")
+    if not glu_gemm_supported():
+        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    M, K = a[0].shape
+    N = wt[0].shape[0]
+    if N % 2 or K % 4 or K <= 0 or N <= 0:
+        raise ValueError(f"{k}: needs N even and K a positive multiple of 4; got N {N}, K {K}")
+    if not 0 <= rounded <= K:
+        raise ValueError(f"{k}: rounded {rounded} outside 0..{K} (a's columns)")
+    outs = []
+    for i in range(sets):
+        _rows_view(k, f"a[{i}]", a[i], (M, K))
+        _rows_view(k, f"wt[{i}]", wt[i], (N, K))
+        outs.append(_view_out(k, f"out[{i}]", None if out is None else out[i], (M, N))[0])
+        b = None if bias is None else bias[i]
+        if b is not None:
+            check_array(k, f"bias[{i}]", b, F32, (N,))
+            if b.data.ptr % 8:
+                raise ValueError(f"{k}: bias[{i}] needs 8-byte alignment")
+    if M == 0:
+        return outs
+    c = LINEAR_GEMM_CLUSTER
+    args = np.zeros(1, dtype=LINEAR_ARGS)
+    for i in range(sets):
+        args["maps"][0, i] = tma.matrix_map(k, f"a[{i}]", a[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
+        args["maps"][0, LINEAR_GEMM_SETS + i] = tma.matrix_map(
+            k, f"wt[{i}]", wt[i], GLU_GEMM_BOX_K, LINEAR_GEMM_COLS // c)["opaque"][0]
+        args["maps"][0, 2 * LINEAR_GEMM_SETS + i] = tma.matrix_map(
+            k, f"out[{i}]", outs[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
+        b = None if bias is None else bias[i]
+        args["bias"][0, i] = 0 if b is None else b.data.ptr
+    tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
+    fn = _kernel("linear_gemm.cu", k, {"LG_STAGES": LINEAR_GEMM_STAGES, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail,
+                                       "LG_RELU": int(bool(relu)), "LG_ROUND_OUT": int(bool(tf32_out))})
+    smem = _linear_gemm_smem()
+    if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
+        fn.max_dynamic_shared_size_bytes = smem
+        _BIG_SMEM.add(id(fn))
+    groups = sets * -(-N // LINEAR_GEMM_COLS) * -(-M // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
+    clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
+    fn((clusters * c,), (GLU_GEMM_THREADS,), (args, i32(M), i32(K), i32(N), i32(sets), i32(rounded)),
+       shared_mem=smem)
+    return outs
 
 
 def glu_backward(dh: Array, pv: Array, *, blocks: int = 1, dpv: Array | None = None) -> Array:

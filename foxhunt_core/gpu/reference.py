@@ -150,6 +150,17 @@ def glu_gemm(u: Array, w: Array, bias: Array | None = None, width: int | None = 
     return pv, glu_forward(pv, width, blocks)[1]
 
 
+def linear_gemm(a: Sequence[Array], w: Sequence[Array], bias: Sequence[Array | None] | None = None,
+                relu: bool = False) -> list[Array]:
+    """``a[b] @ w[b] (+ bias[b])``, then ``relu``, for each set ``b`` (``w[b]`` [K, N], the
+    weights as the layer holds them: the kernel reads their transpose)."""
+    outs = []
+    for i, (x, wi) in enumerate(zip(a, w)):
+        y = x @ wi + (0.0 if bias is None or bias[i] is None else bias[i])
+        outs.append(L.relu(y) if relu else y)
+    return outs
+
+
 def glu_backward(dh: Array, pv: Array, blocks: int = 1) -> Array:
     """``[d pre_gate | d val]`` per branch [B, blocks 2H] of :func:`glu_forward`."""
     if blocks > 1:

@@ -45,9 +45,11 @@ as few launches as possible:
   accumulators and the pre-activations reach memory only for the rows whose backward reads them
   (the online forward on s); the value head, where it shares the direction branch's block, is
   then a GEMM of its own. ``vsn_forward`` then writes z rounded to TF32 (every reader of z is a
-  TF32 GEMM, which rounds it the same way), so ``glu_gemm`` need not round it again. Otherwise
-  (the stacked forwards of small batches, plugin gates, fp32) cuBLAS's GEMM writes every row's
-  pre-activations and ``glu_forward`` reads them back.
+  TF32 GEMM, which rounds it the same way), so ``glu_gemm`` need not round it again, and
+  ``glu_gemm`` writes h so for the advantage heads, which ``linear_gemm`` then computes (one
+  160-column tensor-core tile per head, where cuBLAS ran two of 128 at under half its rate).
+  Otherwise (the stacked forwards of small batches, plugin gates, fp32) cuBLAS's GEMM writes
+  every row's pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
   advantage layer's another, so the branches after the direction branch run their GLUs as one
   GEMM and one kernel, forward and backward.
@@ -430,6 +432,12 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
             blk[home] = _block(p, net, home)
         return blk[home]
 
+    def transposed(home: str) -> Array:  # the block's weight rows transposed, rounded to TF32
+        key = "T " + home
+        if key not in blk:
+            blk[key] = K.transpose(block(home)[:H])
+        return blk[key]
+
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
     for g in branch_groups(net):  # the direction branch first: the magnitude branch reads its Q
         d0, d1 = g[0], g[-1] + 1
@@ -441,15 +449,18 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         out_cols = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]
         h = h_all[:, Wh * d0 : Wh * d1]
         no_tail = use_z[d0] and MAGNITUDE not in g  # K = H2, the biases in the epilogue (no K tail)
-        if fused_glu(net, stack) and use_z[d0]:
+        tc = fused_glu(net, stack) and use_z[d0]
+        if tc:
             # The GLU in one kernel: h from the GEMM's epilogue, pv only for the rows the backward
-            # reads (the value head, when it rides along, as a GEMM of its own).
+            # reads (the value head, when it rides along, as a GEMM of its own); h written rounded
+            # to TF32 for the advantage heads' kernel (linear_gemm) to read as it is.
             if with_v:
                 mm(z[:, :H2], wj[:H2, :with_v], out=pv_all[:, :with_v], bias=wj[-1, :with_v])
             wg = wj[:, with_v:]
             u_, w_ = (z[:, :H2], wg[:H2]) if no_tail else (z, wg)
             K.glu_gemm(u_, w_, bias=wg[-1] if no_tail else None, width=Wh, blocks=len(g), h=h,
-                       pv=pv[:keep] if keep else None, wt=K.transpose(w_), rounded=H2 if z_tf32 else 0)
+                       pv=pv[:keep] if keep else None, wt=K.transpose(w_), rounded=H2 if z_tf32 else 0,
+                       tf32_h=True)
         else:
             if no_tail:
                 mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)
@@ -469,7 +480,10 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
                 hd[:, -1] = 1.0
             if keep_cache:  # the rows of the first segment (views; the backward writes over pv's)
                 branches[d] = dict(u=None if use_z[d] else u[:B], gate=gate, gcache=gcache, val=val)
-        _advantages(net, g, h, block, adv, stack)
+        if tc:
+            _advantages_tc(net, g, h, block, transposed, adv)
+        else:
+            _advantages(net, g, h, block, adv, stack)
         if d0 == DIRECTION:
             dueling((0, 1))
     dueling((1, D))
@@ -543,6 +557,23 @@ def _advantages(net: Any, g: Sequence[int], h: Array, block: Any, adv: Array, st
         wo = block(home)
         mm(h[:, Wh * i : Wh * i + H], wo[:H, c : c + w], out=adv[:, hcol[d] : hcol[d + 1]], bias=wo[-1, c : c + w],
            stack=stack)
+
+
+def _advantages_tc(net: Any, g: Sequence[int], h: Array, block: Any, transposed: Any, adv: Array) -> None:
+    """The advantage layers of branches ``g`` as one ``linear_gemm`` (the TF32 tensor cores, one
+    160-column tile per branch where cuBLAS takes two of 128; the bias in its epilogue), from their
+    GLU outputs ``h`` as ``glu_gemm`` wrote them: rounded to TF32."""
+    hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
+    H, Wh = net.settings.adv_h, h_width(net)
+    ins, wts, biases, outs = [], [], [], []
+    for i, d in enumerate(g):
+        home, c = out_home(net, d)
+        w = hcol[d + 1] - hcol[d]
+        ins.append(h[:, Wh * i : Wh * i + H])
+        wts.append(transposed(home)[c : c + w])
+        biases.append(block(home)[-1, c : c + w])
+        outs.append(adv[:, hcol[d] : hcol[d + 1]])
+    K.linear_gemm(ins, wts, outs, bias=biases, rounded=H)
 
 
 def _branch_input(net: Any, d: int, z: Array, q: Array, extra_cols: list[Array], width: int) -> Array:

@@ -153,7 +153,7 @@ def _glu_net_settings():
 
 def _glu_agents(cp, monkeypatch):
     """A CPU agent and a GPU agent with the same parameters (the target network other than the
-    online one), the GPU under TF32, and a counter of glu_gemm calls."""
+    online one), the GPU under TF32, and a record of the glu_gemm and linear_gemm calls."""
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
 
@@ -170,18 +170,20 @@ def _glu_agents(cp, monkeypatch):
         for k, v in s.items():
             gpu.online[o][k][...] = cp.asarray(v)
             gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
-    calls = []
-    real = K.glu_gemm
-    monkeypatch.setattr(K, "glu_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = []  # ("glu_gemm" | "linear_gemm", ...) per call
+    for name in ("glu_gemm", "linear_gemm"):
+        real = getattr(K, name)
+        monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
     cublas.set_tf32(True)
     return rng, cpu, gpu, calls
 
 
 def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
-    """Under TF32 the fused network's GLUs run as one kernel each (glu_gemm). Its outputs (every
-    action's log-probabilities and E[Q] over 2048 rows) are as close to the float64 reference
-    forward as those of the path through cuBLAS's GEMM and glu_forward, also TF32: both round
-    their operands to TF32 to nearest (glu_gemm with truncated operands was 2.5x further off)."""
+    """Under TF32 the fused network's GLUs run as one kernel each (glu_gemm) and its advantage
+    heads as one more (linear_gemm). Its outputs (every action's log-probabilities and E[Q] over
+    2048 rows) are as close to the float64 reference forward as those of the path through cuBLAS's
+    GEMMs and glu_forward, also TF32: both round their operands to TF32 to nearest (glu_gemm with
+    truncated operands was 2.5x further off)."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.net import fused
@@ -193,7 +195,7 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
         ref = cpu.net.forward(params64, obs.astype(np.float64))
         q_ref = (ref.probs * cpu.net.support64).sum(-1)
         glu = gpu.net.forward(gpu.online, cp.asarray(obs))
-        assert calls, "the forward ran its GLUs through glu_gemm"
+        assert {"glu_gemm", "linear_gemm"} <= set(calls), "the forward ran its GLUs and heads on its own kernels"
         monkeypatch.setattr(fused, "fused_glu", lambda net, stack: False)
         n = len(calls)
         lt = gpu.net.forward(gpu.online, cp.asarray(obs))
@@ -207,11 +209,12 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
 
 
 def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
-    """The whole update with the GLUs as glu_gemm (past the stacking threshold, as large batches
-    run) against the NumPy float32 update: the loss to 2e-3, all gradients together to 2e-2, each
-    parameter's to 1e-1. (The C51 gradient, a difference of two distributions, amplifies TF32's
-    relative error in small gradients; the forward's accuracy is compared with cuBLAS's above. A
-    wiring error — pre-activations of the wrong rows, a missing value head — is off by order one.)"""
+    """The whole update with the GLUs as glu_gemm and the heads as linear_gemm (past the stacking
+    threshold, as large batches run) against the NumPy float32 update: the loss to 2e-3, all
+    gradients together to 2e-2, each parameter's to 1e-1. (The C51 gradient, a difference of two
+    distributions, amplifies TF32's relative error in small gradients; the forward's accuracy is
+    compared with cuBLAS's above. A wiring error — pre-activations of the wrong rows, a missing
+    value head — is off by order one.)"""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.net import fused
@@ -223,7 +226,7 @@ def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
         g_gpu, s_gpu, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
     finally:
         cublas.set_tf32(False)
-    assert calls, "the update ran its GLUs through glu_gemm"
+    assert {"glu_gemm", "linear_gemm"} <= set(calls), "the update ran its GLUs and heads on its own kernels"
     g_cpu, s_cpu, _, _ = cpu.loss_and_grads(batch, 0.01)
     assert abs(float(s_cpu["loss"]) - float(s_gpu["loss"])) < 2e-3 * abs(float(s_cpu["loss"]))
     for o, s in g_cpu.items():

@@ -84,24 +84,36 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     def transpose(w, *, out=None):
         return _put(out, w.T.copy())
 
-    rounded_z: list = []  # the z vsn_forward wrote rounded to TF32 (the kernel's ``tf32``)
+    rounded_out: list = []  # (array, columns) written rounded to TF32 (vsn_forward's z, glu_gemm's h)
 
-    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None, rounded=0):
+    def written_rounded(x, rounded):
+        """Columns a kernel takes as they are must come rounded by their writer: its first
+        ``rounded`` columns within what a writer rounded (z: its own columns, not the
+        direction-Q ones the dueling kernel writes behind them)."""
+        return rounded == 0 or any(np.shares_memory(x, y) and rounded <= cols for y, cols in rounded_out)
+
+    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None, rounded=0, tf32_h=False):
         assert wt is None or np.array_equal(wt, w.T)
-        # Columns the kernel takes as they are must come rounded by their writer: a z written so,
-        # over its own columns (not the direction-Q ones the dueling kernel writes behind them).
-        assert rounded == 0 or any(np.shares_memory(u, z) and rounded <= cols for z, cols in rounded_z), rounded
+        assert written_rounded(u, rounded), rounded
         rpv, rh = R.glu_gemm(u, w, bias, width, blocks)
         if pv is not None:  # only the rows asked for
             pv[...] = rpv[: pv.shape[0]]
-        return _put(h, rh)
+        h = _put(h, rh)
+        if tf32_h:  # (float64 here: TF32 modelled as exact, as in matmul)
+            rounded_out.extend((h[:, i * rh.shape[1] // blocks :], rh.shape[1] // blocks) for i in range(blocks))
+        return h
+
+    def linear_gemm(a, wt, out=None, *, bias=None, relu=False, tf32_out=False, rounded=0):
+        assert all(written_rounded(x, rounded) for x in a), rounded
+        refs = R.linear_gemm(a, [t.T for t in wt], bias, relu)
+        return [_put(None if out is None else o, r) for o, r in zip(out or [None] * len(a), refs)]
 
     def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None, tf32=False):
         rm, rz = R.vsn_forward(h2, mpre, width)  # (float64 here: TF32 modelled as exact, as in matmul)
         keep = h2.shape[0] if keep_rows is None else keep_rows
         z = _put(z, rz)
         if tf32:
-            rounded_z.append((z, h2.shape[1]))
+            rounded_out.append((z, h2.shape[1]))
         return (_put(m, rm[:keep]) if keep else None), z
 
     def glu_forward(pv, *, width=None, blocks=1, h=None):
@@ -165,7 +177,7 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
-        dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose)})
+        dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm)})
 
 
 def _one_stream() -> types.SimpleNamespace:
