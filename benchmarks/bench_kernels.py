@@ -1,6 +1,7 @@
 """The update's own (non-GEMM) kernels at the update's shapes, each timed alone.
 
     python benchmarks/bench_kernels.py [--batches 16384 65536] [--repeats 30] [--only NAME] [--glu-cluster C]
+        [--linear-cluster C] [--linear-stages S]
 
 For each batch size B of the stage-0 network (12 actions in 4 branches of 3, 51 atoms), the
 median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack.py's
@@ -189,6 +190,10 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only the kernels whose name contains this")
     ap.add_argument("--glu-cluster", type=int, choices=(1, 2, 4), default=None,
                     help="glu_gemm's cluster size (CTAs sharing their weight loads; default: the kernel's)")
+    ap.add_argument("--linear-cluster", type=int, choices=(1, 2, 4), default=None,
+                    help="linear_gemm's cluster size (default: the kernel's)")
+    ap.add_argument("--linear-stages", type=int, choices=(3, 4), default=None,
+                    help="linear_gemm's shared-memory stages (default: the kernel's)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -196,6 +201,10 @@ def main() -> None:
 
     if args.glu_cluster is not None:
         K.GLU_GEMM_CLUSTER = args.glu_cluster
+    if args.linear_cluster is not None:
+        K.LINEAR_GEMM_CLUSTER = args.linear_cluster
+    if args.linear_stages is not None:
+        K.LINEAR_GEMM_STAGES = args.linear_stages
 
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; µs per call (median of {args.repeats})")
     print("| B | kernel | µs |")

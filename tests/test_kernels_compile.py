@@ -86,7 +86,7 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
 
 @needs_nvcc
 @pytest.mark.parametrize("defines", [{}, {"LG_RELU": "1", "LG_ROUND_OUT": "1"}, {"LG_TAIL_STEPS": "1"},
-                                     {"LG_CLUSTER": "1"}, {"LG_CLUSTER": "4"}], ids=str)
+                                     {"LG_STAGES": "3"}, {"LG_CLUSTER": "2"}, {"LG_CLUSTER": "4"}], ids=str)
 def test_linear_gemm_compiles_unserialized_without_spills(defines: dict, tmp_path: Path) -> None:
     """linear_gemm.cu's variants through ptxas: no serialized wgmma (C7520), nothing spilled."""
     msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "linear_gemm.cu", defines, tmp_path, cubin=True)

@@ -635,8 +635,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
 
 
 LINEAR_GEMM_COLS = 160  # linear_gemm.cu's tile: 128 rows x 160 columns (the wgmma's N)
-LINEAR_GEMM_STAGES = 3
-LINEAR_GEMM_CLUSTER = 2
+LINEAR_GEMM_STAGES = 4
+LINEAR_GEMM_CLUSTER = 1
 LINEAR_GEMM_SETS = 4  # operand sets per launch, at most (LG_BRANCHES)
 # linear_gemm.cu's LinearArgs: every set's three tensor maps, then its bias pointer (64-byte aligned).
 LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias", np.uint64, (LINEAR_GEMM_SETS,)),
@@ -645,7 +645,8 @@ LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias"
 
 def _linear_gemm_smem() -> int:
     """Bytes of shared memory of linear_gemm.cu: its stages (16 KiB of A and 20 KiB of weights
-    each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage, the alignment."""
+    each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage, the alignment
+    (224 KiB with 4 stages: a Hopper block may have 227)."""
     boxes = -(-LINEAR_GEMM_COLS // 32)
     return LINEAR_GEMM_STAGES * (16384 + LINEAR_GEMM_COLS * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES + 1024
 

@@ -53,6 +53,7 @@ __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f,
 #define GW_TILE_B (2 * GW_BH * TC_BK * 4)        // 32 KiB of wt: the gate rows, then the value rows
 #define GW_STAGE (TC_TILE_A + GW_TILE_B)
 #define GW_TILE_H (TC_BM * GW_BH * 4)            // 64 KiB: the tile's h, staged for the TMA store
+static_assert(GW_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
 
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
 glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ TensorMap map_wt,

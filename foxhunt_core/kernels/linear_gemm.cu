@@ -9,9 +9,11 @@
 //           operands K-major, rounded to TF32 by transpose_tile); bias_b [N] or null; out_b [M, N]
 //
 // The network's advantage heads are its use: each branch's [M, 256] GLU output times its
-// [256, 156] weights, N = 156 columns that cuBLAS covers with two 128-wide tiles (or one of 256)
-// and runs at less than half the rate of a 256-column GEMM; here one tile of LG_BN = 160 columns
-// (the wgmma's N) covers them. Built on tc_gemm.cuh (TMA, the ring of stages, wgmma; its comment
+// [256, 156] weights, N = 156 columns that cuBLAS covers with two 128-wide tiles (or one of 256);
+// here one tile of LG_BN = 160 columns (the wgmma's N) covers them. With K = 256 the heads read
+// more than they compute (about 50 flops a byte): the kernel is bound by memory, and keeps four
+// stages of loads in flight (three ran 23-33% slower) and the weights, small and read from L2,
+// unshared (clusters of 2 were 1-6% slower). Built on tc_gemm.cuh (TMA, the ring of stages, wgmma; its comment
 // describes the pipeline): a tile is TC_BM = 128 rows x LG_BN columns of one set; clusters walk the
 // groups (LG_CLUSTER row tiles of one column tile) cluster, + clusters, ...; each set has its own
 // tensor maps, so a box never reaches into another set's columns (the weights' rows past N, the
@@ -30,13 +32,13 @@
 #define LG_BN 160                                // columns per tile: the wgmma's N
 #endif
 #ifndef LG_STAGES
-#define LG_STAGES 3
+#define LG_STAGES 4                              // (memory-bound tiles of 8 chunks: 3 stages ran 23-33% slower)
 #endif
 #ifndef LG_TAIL_STEPS
 #define LG_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
 #endif
 #ifndef LG_CLUSTER
-#define LG_CLUSTER 2                             // CTAs per cluster: row tiles sharing one weight load
+#define LG_CLUSTER 1                             // CTAs per cluster: row tiles sharing one weight load
 #endif
 #ifndef LG_RELU
 #define LG_RELU 0
@@ -49,9 +51,11 @@
 #define LG_TILE_B (LG_BN * TC_BK * 4)            // 20 KiB of wt per stage
 #define LG_STAGE (TC_TILE_A + LG_TILE_B)
 #define LG_BOXES ((LG_BN + 31) / 32)             // output boxes of 32 columns per tile
-#define LG_TILE_OUT (LG_BOXES * TC_BM * 128)     // 80 KiB: the tile, staged for the TMA stores
+#define LG_TILE_OUT (LG_BOXES * TC_BM * 128)     // 80 KiB: the tile, staged for the TMA stores (+ 4 stages:
+                                                 // 224 KiB of the 227 a block may have)
 
 static_assert(LG_BN % 16 == 0 && LG_BN <= 256, "LG_BN: a wgmma N");
+static_assert(LG_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
 static_assert(LG_BR % 8 == 0, "each CTA's share of the weight rows must be whole 8-row swizzle atoms");
 
 // Every set's tensor maps and bias (null: none), passed by value (__grid_constant__): a captured

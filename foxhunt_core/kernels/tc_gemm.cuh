@@ -206,7 +206,9 @@ __device__ __forceinline__ unsigned ring_acquire(const Ring& ring) {
 
 // One tile's products over `chunks` chunks into `acc` (N / 2 floats per thread, zeroed here) by
 // consumer warpgroup `wg` (rows wg * 64.. of each stage's A, whose weights follow at TC_TILE_A);
-// the stages released to the producers of the cluster (`lane` r < cluster arrives in CTA r).
+// the stages released to the producers of the cluster (`lane` r < cluster arrives in CTA r). The
+// ring needs three stages at least: the next chunk's stage is awaited before the previous one is
+// released.
 template <int N, int TAIL, int CLUSTER>
 __device__ __forceinline__ void consume_tile(float* acc, Ring& ring, int chunks, int rounded_k, int wg, int lane,
                                              int lt) {
