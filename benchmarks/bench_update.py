@@ -15,6 +15,8 @@ In one run on one GPU, for each batch size:
 * ``foxhunt 1 stream``: the graph replay with everything on one stream (no weight gradients
   beside the input gradients, no target forward beside the online ones; for the side stream's
   share);
+* ``foxhunt cublas glu``: the graph replay with the GLUs and the advantage heads through cuBLAS
+  (and ``glu_forward``) where they run as ``glu_gemm`` and ``linear_gemm`` (for their share);
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
   loss inside a hand-captured graph), from benchmarks/torch_peer.py, which computes the same loss
@@ -114,7 +116,8 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
     ``stack_max`` sets the rows up to which the update's forwards run stacked
     (``foxhunt_core.net.fused.STACK_MAX_ROWS``), ``glu_gemm=False`` runs the GLUs as cuBLAS's
-    GEMM followed by ``glu_forward`` (``foxhunt_core.net.fused.fused_glu``)."""
+    GEMM followed by ``glu_forward`` and the advantage heads as cuBLAS's GEMMs, where they would
+    run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.net import fused
 

@@ -26,6 +26,11 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   ``layers.sigmoid/relu``, outputs augmented with a ones column where asked; ``pack_rows`` (the
   network's augmented input) and ``copy`` (flat buffers); a thread per element (four per thread,
   ``float4``, where the rows allow).
+- ``glu_gemm`` and ``linear_gemm`` (TF32 tensor-core GEMMs: TMA, wgmma, warp-specialized and
+  persistent, ``tc_gemm.cuh``): ``reference.glu_gemm`` (the GLU layer, the gate in the GEMM's
+  epilogue) and ``reference.linear_gemm`` (up to four linear layers per launch); a CTA per SM,
+  a tile of 128 rows per two consumer warpgroups. ``transpose``: the weights transposed and
+  rounded to TF32 as both read them.
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
