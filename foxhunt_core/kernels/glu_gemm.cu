@@ -63,44 +63,31 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
          int M, int K, int H, int width, int blocks, int rounded_k)
 {
     extern __shared__ unsigned char smem_raw[];
-    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms 1024-byte aligned
-    const unsigned hbuf = base + GW_STAGES * GW_STAGE;  // 1024-byte aligned too
-    const unsigned full = hbuf + GW_TILE_H;
-    Ring ring{base, full, full + 8 * GW_STAGES, GW_STAGE, GW_STAGES, 0, 0, 0u};
+    unsigned hbuf;  // the tile's h on its way out
+    Ring ring = ring_layout(smem_raw, GW_STAGES, GW_STAGE, GW_TILE_H, hbuf);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int per_branch = H / GW_BH, col_tiles = blocks * per_branch;
-    // A cluster takes GW_CLUSTER consecutive row tiles of one column tile at a time ("a group").
-    const int groups = col_tiles * ((M + TC_BM * GW_CLUSTER - 1) / (TC_BM * GW_CLUSTER));
-    const int cluster = blockIdx.x / GW_CLUSTER, clusters = gridDim.x / GW_CLUSTER;
-    const int rank = (int)cluster_rank();
-    const int chunks = (K + TC_BK - 1) / TC_BK;
-
-    if (tid == 0) ring_init(ring, GW_CLUSTER);
-    cluster_sync();  // every CTA's barriers are ready before any multicast reaches them
+    const int per_branch = H / GW_BH;
+    const Schedule<GW_CLUSTER> sched(M, K, blocks * per_branch);
+    ring_init(ring, GW_CLUSTER, tid);
 
     if (warp == TC_CONSUMER_WARPS) {  // the producer
-        if (lane == 0) {
-            for (int p = cluster; p < groups; p += clusters) {
-                const int ct = p % col_tiles, m0 = ((p / col_tiles) * GW_CLUSTER + rank) * TC_BM;
-                const int gate0 = (ct / per_branch) * 2 * H + (ct % per_branch) * GW_BH;
-                for (int kc = 0; kc < chunks; ++kc, ring.advance()) {
-                    const unsigned bar = ring_acquire(ring), sa = ring.at(), sb = sa + TC_TILE_A;
-                    tma_load(sa, &map_u, bar, kc * TC_BK, m0);
+        const int rank = sched.rank;
+        produce(ring, sched, lane, [&](int p, int kc, unsigned bar, unsigned sa, unsigned sb) {
+            const int ct = sched.col_tile(p);
+            const int gate0 = (ct / per_branch) * 2 * H + (ct % per_branch) * GW_BH;
+            tma_load(sa, &map_u, bar, kc * TC_BK, sched.row0(p));
 #if GW_CLUSTER > 1
-                    const unsigned short all = (unsigned short)((1u << GW_CLUSTER) - 1);
-                    tma_load_multicast(sb + rank * GW_BR * 128, &map_wt, bar, kc * TC_BK, gate0 + rank * GW_BR, all);
-                    tma_load_multicast(sb + (GW_BH + rank * GW_BR) * 128, &map_wt, bar, kc * TC_BK,
-                                       gate0 + H + rank * GW_BR, all);
+            const unsigned short all = (unsigned short)((1u << GW_CLUSTER) - 1);
+            tma_load_multicast(sb + rank * GW_BR * 128, &map_wt, bar, kc * TC_BK, gate0 + rank * GW_BR, all);
+            tma_load_multicast(sb + (GW_BH + rank * GW_BR) * 128, &map_wt, bar, kc * TC_BK, gate0 + H + rank * GW_BR,
+                               all);
 #else
-                    tma_load(sb, &map_wt, bar, kc * TC_BK, gate0);
-                    tma_load(sb + GW_BH * 128, &map_wt, bar, kc * TC_BK, gate0 + H);
+            (void)rank;
+            tma_load(sb, &map_wt, bar, kc * TC_BK, gate0);
+            tma_load(sb + GW_BH * 128, &map_wt, bar, kc * TC_BK, gate0 + H);
 #endif
-                }
-            }
-        }
-        __syncwarp();
-        cluster_sync();  // no CTA leaves while another may still write into it
+        });
         return;
     }
 
@@ -112,18 +99,17 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
     float acc[GW_BH];
     float* const ag = acc;
     float* const av = acc + GW_BH / 2;
-    for (int p = cluster; p < groups; p += clusters) {
-        const int ct = p % col_tiles, m0 = ((p / col_tiles) * GW_CLUSTER + rank) * TC_BM;
+    for (int p = sched.cluster; p < sched.groups; p += sched.clusters) {
+        const int ct = sched.col_tile(p), m0 = sched.row0(p);
         const int branch = ct / per_branch, j0 = (ct % per_branch) * GW_BH;
-        consume_tile<2 * GW_BH, GW_TAIL_STEPS, GW_CLUSTER>(acc, ring, chunks, rounded_k, wg, lane, tid & 127);
+        consume_tile<2 * GW_BH, GW_TAIL_STEPS, GW_CLUSTER>(acc, ring, sched.chunks, rounded_k, wg, lane, tid & 127);
 
         // Epilogue (the accumulators' layout: wgmma_tf32). h goes through shared memory (hbuf: four
         // boxes of 32 columns x 128 rows, staged_at) and leaves by TMA stores, which proceed while
         // the next tile's products run; pv, for the rows that keep it, is stored from the registers.
         const int r0 = wg * 64 + (warp & 3) * 16 + g;  // rows in the tile (and r0 + 8)
         const int pcol = branch * 2 * H + j0;  // the tile's first gate column in pv (and bias)
-        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // hbuf read out
-        consumers_sync();
+        staging_acquire(tid);
 #pragma unroll
         for (int j = 0; j < GW_BH / 8; ++j) {
             const int col = 8 * j + 2 * q;
@@ -150,8 +136,7 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
                              : "memory");
             }
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
-        consumers_sync();
+        staging_release();
         if (tid == 0) {
 #pragma unroll
             for (int b = 0; b < GW_BH / 32; ++b)
@@ -164,8 +149,7 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
             for (int c = H; c < width; ++c) p[c] = c == width - 1 ? 1.0f : 0.0f;
         }
     }
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last stores done
-    cluster_sync();
+    consumers_finish(tid);
 }
 
 // wt [N, K] (row pitch ld_wt) = w [K, N] (row pitch ld_w) transposed and rounded to TF32 (to

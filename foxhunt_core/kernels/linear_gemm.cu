@@ -69,41 +69,27 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(LG_
 linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int branches, int rounded_k)
 {
     extern __shared__ unsigned char smem_raw[];
-    const unsigned base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms 1024-byte aligned
-    const unsigned obuf = base + LG_STAGES * LG_STAGE;  // 1024-byte aligned too
-    const unsigned full = obuf + LG_TILE_OUT;
-    Ring ring{base, full, full + 8 * LG_STAGES, LG_STAGE, LG_STAGES, 0, 0, 0u};
+    unsigned obuf;  // the tile on its way out
+    Ring ring = ring_layout(smem_raw, LG_STAGES, LG_STAGE, LG_TILE_OUT, obuf);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int per_set = (N + LG_BN - 1) / LG_BN, col_tiles = branches * per_set;
-    // A cluster takes LG_CLUSTER consecutive row tiles of one column tile at a time ("a group").
-    const int groups = col_tiles * ((M + TC_BM * LG_CLUSTER - 1) / (TC_BM * LG_CLUSTER));
-    const int cluster = blockIdx.x / LG_CLUSTER, clusters = gridDim.x / LG_CLUSTER;
-    const int rank = (int)cluster_rank();
-    const int chunks = (K + TC_BK - 1) / TC_BK;
-
-    if (tid == 0) ring_init(ring, LG_CLUSTER);
-    cluster_sync();  // every CTA's barriers are ready before any multicast reaches them
+    const int per_set = (N + LG_BN - 1) / LG_BN;
+    const Schedule<LG_CLUSTER> sched(M, K, branches * per_set);
+    ring_init(ring, LG_CLUSTER, tid);
 
     if (warp == TC_CONSUMER_WARPS) {  // the producer
-        if (lane == 0) {
-            for (int p = cluster; p < groups; p += clusters) {
-                const int ct = p % col_tiles, m0 = ((p / col_tiles) * LG_CLUSTER + rank) * TC_BM;
-                const int b = ct / per_set, n0 = (ct % per_set) * LG_BN;
-                for (int kc = 0; kc < chunks; ++kc, ring.advance()) {
-                    const unsigned bar = ring_acquire(ring), sa = ring.at(), sb = sa + TC_TILE_A;
-                    tma_load(sa, &args.a[b], bar, kc * TC_BK, m0);
+        const int rank = sched.rank;
+        produce(ring, sched, lane, [&](int p, int kc, unsigned bar, unsigned sa, unsigned sb) {
+            const int ct = sched.col_tile(p), b = ct / per_set, n0 = (ct % per_set) * LG_BN;
+            tma_load(sa, &args.a[b], bar, kc * TC_BK, sched.row0(p));
 #if LG_CLUSTER > 1
-                    const unsigned short all = (unsigned short)((1u << LG_CLUSTER) - 1);
-                    tma_load_multicast(sb + rank * LG_BR * 128, &args.wt[b], bar, kc * TC_BK, n0 + rank * LG_BR, all);
+            const unsigned short all = (unsigned short)((1u << LG_CLUSTER) - 1);
+            tma_load_multicast(sb + rank * LG_BR * 128, &args.wt[b], bar, kc * TC_BK, n0 + rank * LG_BR, all);
 #else
-                    tma_load(sb, &args.wt[b], bar, kc * TC_BK, n0);
+            (void)rank;
+            tma_load(sb, &args.wt[b], bar, kc * TC_BK, n0);
 #endif
-                }
-            }
-        }
-        __syncwarp();
-        cluster_sync();  // no CTA leaves while another may still write into it
+        });
         return;
     }
 
@@ -111,17 +97,16 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
     const int wg = warp >> 2;  // this warpgroup's 64 rows of the tile
     const int g = lane >> 2, q = lane & 3;
     float acc[LG_BN / 2];
-    for (int p = cluster; p < groups; p += clusters) {
-        const int ct = p % col_tiles, m0 = ((p / col_tiles) * LG_CLUSTER + rank) * TC_BM;
+    for (int p = sched.cluster; p < sched.groups; p += sched.clusters) {
+        const int ct = sched.col_tile(p), m0 = sched.row0(p);
         const int b = ct / per_set, n0 = (ct % per_set) * LG_BN;
-        consume_tile<LG_BN, LG_TAIL_STEPS, LG_CLUSTER>(acc, ring, chunks, rounded_k, wg, lane, tid & 127);
+        consume_tile<LG_BN, LG_TAIL_STEPS, LG_CLUSTER>(acc, ring, sched.chunks, rounded_k, wg, lane, tid & 127);
 
         // Epilogue (the accumulators' layout: wgmma_tf32): the tile through shared memory (obuf:
         // LG_BOXES boxes of 32 columns x 128 rows, staged_at), out by TMA stores.
         const int r0 = wg * 64 + (warp & 3) * 16 + g;  // rows in the tile (and r0 + 8)
         const float* const bias = args.bias[b];
-        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // obuf read out
-        consumers_sync();
+        staging_acquire(tid);
 #pragma unroll
         for (int j = 0; j < LG_BN / 8; ++j) {
             const int col = 8 * j + 2 * q;
@@ -140,8 +125,7 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
                              "f"(x1) : "memory");
             }
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
-        consumers_sync();
+        staging_release();
         if (tid == 0) {
 #pragma unroll
             for (int x = 0; x < LG_BOXES; ++x)
@@ -149,6 +133,5 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }
     }
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last stores done
-    cluster_sync();
+    consumers_finish(tid);
 }

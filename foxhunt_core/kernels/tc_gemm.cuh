@@ -185,14 +185,29 @@ struct Ring {
     }
 };
 
-// The barriers of `ring`, by one thread, before a cluster_sync: `full` awaits the producer's
-// arrival (and the bytes), `empty` every consumer warp of the cluster.
-__device__ __forceinline__ void ring_init(const Ring& ring, int cluster) {
-    for (int s = 0; s < ring.stages; ++s) {
-        mbar_init(ring.full + 8 * s, 1);
-        mbar_init(ring.empty + 8 * s, TC_CONSUMER_WARPS * cluster);
+// The dynamic shared memory's layout: `stages` stages of `stage_bytes` (1024-byte aligned, as the
+// swizzle atoms must be), then a staging buffer of `staging_bytes` for the outputs' TMA stores
+// (its address into `staging`; 1024-byte aligned too), then the stages' mbarriers.
+__device__ __forceinline__ Ring ring_layout(const void* smem, int stages, unsigned stage_bytes,
+                                            unsigned staging_bytes, unsigned& staging) {
+    const unsigned base = (smem_addr(smem) + 1023u) & ~1023u;
+    staging = base + stages * stage_bytes;
+    const unsigned full = staging + staging_bytes;
+    return Ring{base, full, full + 8 * stages, stage_bytes, stages, 0, 0, 0u};
+}
+
+// The barriers of `ring`, initialized by thread 0: `full` awaits the producer's arrival (and the
+// bytes), `empty` every consumer warp of the cluster; then every thread of the cluster waits, so
+// that each CTA's barriers are ready before any multicast reaches them.
+__device__ __forceinline__ void ring_init(const Ring& ring, int cluster, int tid) {
+    if (tid == 0) {
+        for (int s = 0; s < ring.stages; ++s) {
+            mbar_init(ring.full + 8 * s, 1);
+            mbar_init(ring.empty + 8 * s, TC_CONSUMER_WARPS * cluster);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    cluster_sync();
 }
 
 // The producer's next stage: awaited free in every CTA of the cluster (this CTA's weight rows go to
@@ -246,6 +261,58 @@ __device__ __forceinline__ void consume_tile(float* acc, Ring& ring, int chunks,
     next(kc);
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (lane < CLUSTER) mbar_arrive_cluster(ring.empty + 8 * ring.last, lane);  // (in every CTA: lane r in CTA r)
+}
+
+// The persistent schedule: `groups` of CLUSTER consecutive row tiles of one of `col_tiles` column
+// tiles; the cluster takes groups cluster, + clusters, ..., consecutive groups the column tiles of
+// the same rows (their A rows are read from L2 by all of them).
+template <int CLUSTER>
+struct Schedule {
+    int col_tiles, groups, cluster, clusters, rank, chunks;
+
+    __device__ __forceinline__ Schedule(int M, int K, int col_tiles_)
+        : col_tiles(col_tiles_),
+          groups(col_tiles_ * ((M + TC_BM * CLUSTER - 1) / (TC_BM * CLUSTER))),
+          cluster(blockIdx.x / CLUSTER), clusters(gridDim.x / CLUSTER), rank((int)cluster_rank()),
+          chunks((K + TC_BK - 1) / TC_BK) {}
+    __device__ __forceinline__ int col_tile(int p) const { return p % col_tiles; }
+    __device__ __forceinline__ int row0(int p) const { return ((p / col_tiles) * CLUSTER + rank) * TC_BM; }
+};
+
+// The producer warp: lane 0 walks this cluster's groups and their chunks, acquires each stage and
+// has `load(p, kc, bar, sa, sb)` issue its TMA loads (A's rows into sa, the weights' into sb,
+// completing on bar); then the warp waits for the cluster (no CTA may leave while another can still
+// write into it).
+template <int CLUSTER, class Load>
+__device__ __forceinline__ void produce(Ring& ring, const Schedule<CLUSTER>& s, int lane, Load load) {
+    if (lane == 0)
+        for (int p = s.cluster; p < s.groups; p += s.clusters)
+            for (int kc = 0; kc < s.chunks; ++kc, ring.advance()) {
+                const unsigned bar = ring_acquire(ring), sa = ring.at();
+                load(p, kc, bar, sa, sa + TC_TILE_A);
+            }
+    __syncwarp();
+    cluster_sync();
+}
+
+// A tile's epilogue writes its staging buffer only once the previous tile's TMA stores have read
+// it (thread 0 issued them), ...
+__device__ __forceinline__ void staging_acquire(int tid) {
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    consumers_sync();
+}
+
+// ... and hands it to the TMA unit once every consumer's writes are visible to it (thread 0 then
+// issues the stores and commits them as one bulk group).
+__device__ __forceinline__ void staging_release() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    consumers_sync();
+}
+
+// The consumers' end: the last stores done (thread 0's bulk groups), then the cluster's barrier.
+__device__ __forceinline__ void consumers_finish(int tid) {
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    cluster_sync();
 }
 
 // The address in a staging buffer of boxes of 32 columns x TC_BM rows, 128-byte swizzled as the

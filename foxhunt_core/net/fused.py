@@ -47,7 +47,8 @@ as few launches as possible:
   then a GEMM of its own. ``vsn_forward`` then writes z rounded to TF32 (every reader of z is a
   TF32 GEMM, which rounds it the same way), so ``glu_gemm`` need not round it again, and
   ``glu_gemm`` writes h so for the advantage heads, which ``linear_gemm`` then computes (one
-  160-column tensor-core tile per head, where cuBLAS ran two of 128 at under half its rate).
+  160-column tensor-core tile per head, four stages of loads in flight: the heads, K = 256, are
+  bound by memory).
   Otherwise (the stacked forwards of small batches, plugin gates, fp32) cuBLAS's GEMM writes
   every row's pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
@@ -561,8 +562,8 @@ def _advantages(net: Any, g: Sequence[int], h: Array, block: Any, adv: Array, st
 
 def _advantages_tc(net: Any, g: Sequence[int], h: Array, block: Any, transposed: Any, adv: Array) -> None:
     """The advantage layers of branches ``g`` as one ``linear_gemm`` (the TF32 tensor cores, one
-    160-column tile per branch where cuBLAS takes two of 128; the bias in its epilogue), from their
-    GLU outputs ``h`` as ``glu_gemm`` wrote them: rounded to TF32."""
+    160-column tile per branch; the bias in its epilogue), from their GLU outputs ``h`` as
+    ``glu_gemm`` wrote them: rounded to TF32."""
     hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
     H, Wh = net.settings.adv_h, h_width(net)
     ins, wts, biases, outs = [], [], [], []

@@ -34,6 +34,22 @@ def to_dev(cp: Any, a: np.ndarray, dtype: Any = np.float32) -> Any:
     return cp.asarray(np.ascontiguousarray(a, dtype=dtype))
 
 
+def tf32_truncated(a: Any) -> np.ndarray:
+    """``a`` as float32 with the low 13 mantissa bits cleared: TF32 values (which a kernel's
+    rounding to nearest leaves as they are), and what a TF32 tensor core reads of ``a``."""
+    return (np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def skip_without_wgmma() -> None:
+    """Skip the test unless the device runs the wgmma kernels (compute capability 9.0)."""
+    import pytest
+
+    from foxhunt_core.gpu import kernels as K
+
+    if not K.glu_gemm_supported():
+        pytest.skip("the tensor-core GEMM kernels need a compute capability 9.0 GPU")
+
+
 def check_c51_indexed(got: Any, p_next: np.ndarray, logp: Any, reward: Any, discount: Any, z: Any,
                       a_next: np.ndarray, a_taken: np.ndarray, num_actions: int, tol: float) -> np.ndarray:
     """The C51 loss kernel's indexed form (``got`` = its (m, dlogits over all actions, loss,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_parity import assert_close, host64, nan_like, to_dev
+from gpu_parity import assert_close, host64, nan_like, skip_without_wgmma, to_dev
+from gpu_parity import tf32_truncated as tf32
 
 from foxhunt_core.gpu import kernels as K
 from foxhunt_core.gpu import reference as R
@@ -23,14 +24,7 @@ TOL = 2e-5
 
 @pytest.fixture(autouse=True)
 def _hopper(cp):
-    if not K.glu_gemm_supported():
-        pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
-
-
-def tf32(a: np.ndarray) -> np.ndarray:
-    """``a`` as float32 with the low 13 mantissa bits cleared (what a TF32 tensor core reads)."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
-    return bits.view(np.float32)
+    skip_without_wgmma()
 
 
 def _case(rng, B, K_, H, blocks, bias):
