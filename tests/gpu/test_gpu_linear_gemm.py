@@ -67,10 +67,11 @@ def test_linear_gemm_four_heads_side_by_side(cp, rng, M, with_bias):
     _check_outputs(out_wide, refs, N)
 
 
-@pytest.mark.parametrize(("K_", "N", "sets"), [(100, 200, 1), (36, 64, 3), (260, 320, 2)])
+@pytest.mark.parametrize(("K_", "N", "sets"), [(100, 200, 1), (44, 64, 3), (260, 320, 2), (120, 156, 2)])
 def test_linear_gemm_other_shapes(cp, rng, K_, N, sets):
-    """K tails of 1 and 2 k steps (100, 36) and a whole last chunk (260 = 8 x 32 + 4: one step);
-    N past one 160-column tile (200, 320: two column tiles, the second clipped) and under one (64)."""
+    """Last k chunks of 1 (100 = 3 x 32 + 4, 260 = 8 x 32 + 4), 2 (44 = 32 + 12) and 3 (120 =
+    3 x 32 + 24) k steps of 8 (the heads' K = 256 has 4); N past one 160-column tile (200, 320:
+    two column tiles, the second clipped) and under one (64)."""
     M = 700
     a_host, w_host, b_host, a, wt, bias, out_wide, out = _sets(cp, rng, M, K_, N, sets, pitch_a=-(-K_ // 4) * 4 + 8)
     K.linear_gemm(a, wt, out, bias=bias)
