@@ -450,7 +450,7 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         out_cols = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]
         h = h_all[:, Wh * d0 : Wh * d1]
         no_tail = use_z[d0] and MAGNITUDE not in g  # K = H2, the biases in the epilogue (no K tail)
-        tc = fused_glu(net, stack) and use_z[d0]
+        tc = z_tf32 and use_z[d0]  # (z_tf32: fused_glu)
         if tc:
             # The GLU in one kernel: h from the GEMM's epilogue, pv only for the rows the backward
             # reads (the value head, when it rides along, as a GEMM of its own); h written rounded

@@ -99,8 +99,8 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         if pv is not None:  # only the rows asked for
             pv[...] = rpv[: pv.shape[0]]
         h = _put(h, rh)
-        if tf32_h:  # (float64 here: TF32 modelled as exact, as in matmul)
-            rounded_out.extend((h[:, i * rh.shape[1] // blocks :], rh.shape[1] // blocks) for i in range(blocks))
+        if tf32_h:  # (float64 here: TF32 modelled as exact, as in matmul); each branch's h as wide
+            rounded_out.append((h, rh.shape[1] // blocks))
         return h
 
     def linear_gemm(a, wt, out=None, *, bias=None, relu=False, tf32_out=False, rounded=0):
