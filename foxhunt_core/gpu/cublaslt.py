@@ -47,6 +47,9 @@ _PREF_MIN_ALIGN = (5, 6, 7, 8)  # A, B, C, D
 R_32F = 0
 WORKSPACE_BYTES = 32 << 20
 CANDIDATES = 8  # heuristic results asked for per plan
+# cublasLtMatmulAlgoConfigAttributes_t: (name, attribute, C type) as algo_config reports them
+_CONFIG = (("id", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("split_k", 2, ctypes.c_uint32),
+           ("reduction", 3, ctypes.c_uint32), ("stages", 6, ctypes.c_uint32))
 _TUNE_WARMUP, _TUNE_REPEATS = 2, 5  # launches per candidate: untimed, then timed (median)
 # Before each candidate's launches the stream gets this much memset work, so the GPU is still busy
 # while the host queues them and the times are the kernels', not the host's launch overhead.
@@ -157,15 +160,17 @@ def tuning_report() -> list[dict[str, Any]]:
     op(A) = A, op(B) = B') in cuBLASLt's column-major terms (the row-major product is
     ``[n, k] @ [k, m]``), ``compute`` and ``epilogue`` (the enums' values), ``candidates``,
     ``batch`` (the strided batch's count, 1 for a single product),
-    ``chosen`` (index into them; 0 is the heuristic's first), ``times_ms`` (median per candidate,
-    None where it failed to launch), ``best_ms`` (the chosen one's) and ``first_ms`` (the heuristic
-    first's). A plan with a single candidate is listed untimed (``times_ms`` empty, the two None)."""
+    ``chosen`` (index into them; 0 is the heuristic's first), ``config`` (the chosen one's:
+    :func:`algo_config`), ``times_ms`` (median per candidate, None where it failed to launch),
+    ``best_ms`` (the chosen one's) and ``first_ms`` (the heuristic first's). A plan with a single
+    candidate is listed untimed (``times_ms`` empty, the two None)."""
     out = []
     for p in _tuned:
         m, n, k = p.shape
         t = p.times_ms
         out.append(dict(m=m, n=n, k=k, ops=p.ops, compute=p.compute, epilogue=p.epilogue, batch=p.batch[0],
-                        candidates=len(p.algos), chosen=p.chosen, times_ms=list(t),
+                        candidates=len(p.algos), chosen=p.chosen, config=algo_config(p.algos[p.chosen]),
+                        times_ms=list(t),
                         best_ms=t[p.chosen] if t else None, first_ms=t[0] if t else None))
     return out
 
@@ -188,6 +193,7 @@ def _load() -> Any:
         _lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [
             vp, vp, vp, vp, vp, vp, vp, i, ctypes.POINTER(_Heuristic), ctypes.POINTER(i)]
         _lib.cublasLtGetVersion.restype = ctypes.c_size_t
+        _lib.cublasLtMatmulAlgoConfigGetAttribute.argtypes = [ctypes.POINTER(_Algo), i, vp, sz, ctypes.POINTER(sz)]
         _lib.cublasLtMatmul.argtypes = [
             vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(_Algo), vp, sz, vp]
     return _lib
@@ -281,6 +287,20 @@ class _Plan:
                      f"x{','.join(map(str, batch))}")
         self.tuned, self.chosen = False, 0
         self.times_ms: list[float | None] = []
+
+
+def algo_config(algo: _Algo) -> dict[str, int | None]:
+    """What an algorithm is (cuBLASLt's enums): ``id``, ``tile``, ``split_k`` (the slices of K:
+    ``0xffffffff`` where the kernel decides), ``reduction`` and ``stages``; None for an attribute
+    the library does not report for it."""
+    lib = _load()
+    out: dict[str, int | None] = {}
+    for name, attr, ctype in _CONFIG:
+        v, written = ctype(0), ctypes.c_size_t(0)
+        status = lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v),
+                                                          ctypes.sizeof(v), ctypes.byref(written))
+        out[name] = int(v.value) if status == 0 and written.value == ctypes.sizeof(v) else None
+    return out
 
 
 def _capturing(stream_ptr: int) -> bool:

@@ -61,6 +61,8 @@ def _check_new_entries(report: list[dict], M: int, K: int, N: int) -> None:
     assert any((e["m"], e["n"], e["k"]) == (N, M, K) for e in report), report
     for e in report:
         assert 0 <= e["chosen"] < e["candidates"] <= 8, e
+        assert set(e["config"]) == {"id", "tile", "split_k", "reduction", "stages"}, e
+        assert isinstance(e["config"]["id"], int), e
         if e["candidates"] > 1:
             assert len(e["times_ms"]) == e["candidates"], e
             assert e["best_ms"] is not None, e
