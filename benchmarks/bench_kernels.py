@@ -1,7 +1,7 @@
 """The update's own (non-GEMM) kernels at the update's shapes, each timed alone.
 
     python benchmarks/bench_kernels.py [--batches 16384 65536] [--repeats 30] [--only NAME] [--glu-cluster C]
-        [--linear-cluster C] [--linear-stages S]
+        [--linear-cluster C] [--linear-stages S] [--wgrad-stages S]
 
 For each batch size B of the stage-0 network (12 actions in 4 branches of 3, 51 atoms), the
 median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack.py's
@@ -22,7 +22,11 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
   (``rounded``: the network's z, as ``vsn_forward`` writes it);
 - the four advantage heads over the 2 B rows ([2 B, 256] x [256, 156] each, the bias in the
   epilogue, h as ``glu_gemm`` writes it: rounded to TF32), as four cuBLASLt GEMMs (autotuned) and
-  as one ``linear_gemm``.
+  as one ``linear_gemm``;
+- the weight gradients of the GLU blocks over the B rows of s (the joint branches' [260, B] x
+  [B, 1536] and the direction branch's with the value head, [260, B] x [B, 576]), as cuBLASLt's
+  GEMM (autotuned) over z's transpose view, and as ``wgrad_gemm`` (with z transposed and rounded
+  in the call, as the update runs it, and given).
 
 The inputs are random and fixed.
 """
@@ -183,6 +187,33 @@ def heads_cases(B: int) -> dict:
     }
 
 
+def wgrad_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import cublas, cublaslt
+    from foxhunt_core.gpu import kernels as K
+
+    cublas.set_tf32(True)
+    cublaslt.set_autotune(True)
+    Wz, lead, H = 260, 64, 256
+    rng = cp.random.default_rng(2)
+    z = rng.standard_normal((B, Wz), dtype=cp.float32)
+    dpv = rng.standard_normal((B, lead + 8 * H), dtype=cp.float32)  # [dv | d pre-activations of 4 GLUs]
+    g = cp.empty((Wz, lead + 8 * H), cp.float32)
+    zt = K.transpose(z)
+    cases = {}
+    for label, c0, c1 in (("joint (M = 1536)", lead + 2 * H, lead + 8 * H), ("direction + value (M = 576)", 0,
+                                                                              lead + 2 * H)):
+        cases[f"GLU weight gradient {label}: cuBLASLt GEMM"] = (
+            lambda c0=c0, c1=c1: cublas.matmul(z.T, dpv[:, c0:c1], out=g[:, c0:c1]))
+        cases[f"GLU weight gradient {label}: transpose + wgrad_gemm"] = (
+            lambda c0=c0, c1=c1: K.wgrad_gemm(K.transpose(z), dpv[:, c0:c1], out=g[:, c0:c1]))
+        cases[f"GLU weight gradient {label}: wgrad_gemm (z transposed before)"] = (
+            lambda c0=c0, c1=c1: K.wgrad_gemm(zt, dpv[:, c0:c1], out=g[:, c0:c1]))
+    cases["z transposed and rounded (transpose)"] = lambda: K.transpose(z)
+    return cases
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[16384, 65536])
@@ -194,6 +225,8 @@ def main() -> None:
                     help="linear_gemm's cluster size (default: the kernel's)")
     ap.add_argument("--linear-stages", type=int, choices=(3, 4), default=None,
                     help="linear_gemm's shared-memory stages (default: the kernel's)")
+    ap.add_argument("--wgrad-stages", type=int, choices=(3, 4), default=None,
+                    help="wgrad_gemm's shared-memory stages (default: the kernel's)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -205,12 +238,15 @@ def main() -> None:
         K.LINEAR_GEMM_CLUSTER = args.linear_cluster
     if args.linear_stages is not None:
         K.LINEAR_GEMM_STAGES = args.linear_stages
+    if args.wgrad_stages is not None:
+        K.WGRAD_GEMM_STAGES = args.wgrad_stages
 
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; µs per call (median of {args.repeats})")
     print("| B | kernel | µs |")
     print("|---|---|---|")
     for B in args.batches:
-        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B), **heads_cases(B)}
+        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B), **heads_cases(B),
+                 **wgrad_cases(B)}
         for name, fn in cases.items():
             if args.only not in name:
                 continue

@@ -110,6 +110,32 @@ def test_glu_gemm_compiles_for_each_cluster_size_and_k_tail(cluster: int, tail: 
     assert spills and all(n == "0" for n in spills), msgs
 
 
+@needs_nvcc
+@pytest.mark.parametrize("stages", [3, 4])
+def test_wgrad_gemm_compiles_unserialized_without_spills(stages: int, tmp_path: Path) -> None:
+    """wgrad_gemm.cu: its wgmma's A comes from registers, two chunks' fragments live at once beside
+    the 132 accumulators (the consumers take 232 registers by setmaxnreg): ptxas must neither
+    serialize the products for want of registers (C7512) or otherwise (C7520) nor spill."""
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu", {"WG_STAGES": str(stages)}, tmp_path,
+                    cubin=True)
+    assert "C75" not in msgs and "serialized" not in msgs, msgs
+    spills = re.findall(r"(\d+) bytes spill stores", msgs)
+    assert len(spills) == 2 and all(n == "0" for n in spills), msgs
+
+
+def test_wgrad_gemm_defaults_agree_with_its_wrapper() -> None:
+    """wgrad_gemm.cu's tile, boxes, stages and threads as the wrapper sizes its launch."""
+    from foxhunt_core.gpu import kernels as K
+
+    src = (ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu").read_text()
+    defaults = dict(re.findall(r"#define (WG_\w+) (\d+)\b", src))
+    assert int(defaults["WG_N"]) + int(defaults["WG_NT"]) == K.WGRAD_GEMM_ROWS
+    assert int(defaults["WG_BOX_ROWS"]) == K.WGRAD_GEMM_BOX_ROWS
+    assert int(defaults["WG_STAGES"]) == K.WGRAD_GEMM_STAGES
+    assert "#define WG_THREADS (TC_THREADS - 32 + 128)" in src and K.GLU_GEMM_THREADS - 32 + 128 == K.WGRAD_GEMM_THREADS
+    assert K._wgrad_gemm_smem() <= 227 * 1024
+
+
 def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     """The kernel's tile, stages and cluster size as the wrapper sizes its launch and shared memory."""
     from foxhunt_core.gpu import kernels as K

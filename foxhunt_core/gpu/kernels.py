@@ -30,7 +30,9 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   persistent, ``tc_gemm.cuh``): ``reference.glu_gemm`` (the GLU layer, the gate in the GEMM's
   epilogue) and ``reference.linear_gemm`` (up to four linear layers per launch); a CTA per SM,
   a tile of 128 rows per two consumer warpgroups. ``transpose``: the weights transposed and
-  rounded to TF32 as both read them.
+  rounded to TF32 as both read them. ``wgrad_gemm``: ``reference.wgrad_gemm`` (a weight gradient
+  over the batch, its operand A from registers); a CTA per 128 output columns and slice of the
+  batch, then a thread per element sums the slices.
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
@@ -106,6 +108,8 @@ __all__ = [
     "transpose",
     "vsn_backward",
     "vsn_forward",
+    "wgrad_gemm",
+    "wgrad_gemm_supported",
 ]
 
 Array = Any
@@ -721,6 +725,92 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     fn((clusters * c,), (GLU_GEMM_THREADS,), (args, i32(M), i32(K), i32(N), i32(sets), i32(rounded)),
        shared_mem=smem)
     return outs
+
+
+WGRAD_GEMM_ROWS = 264  # wgrad_gemm.cu's N per tile: one wgmma of 256 columns and one of 8 (WG_ROWS)
+WGRAD_GEMM_BOX_ROWS = 88  # xt's rows per TMA box (WG_BOX_ROWS)
+WGRAD_GEMM_STAGES = 4
+WGRAD_GEMM_THREADS = 384  # two consumer warpgroups and the producer's (WG_THREADS)
+WGRAD_GEMM_MIN_CHUNKS = 4  # each slice of the batch at least this many 32-row chunks
+
+
+def _wgrad_gemm_smem() -> int:
+    """Bytes of shared memory of wgrad_gemm.cu: its stages (16 KiB of y and 33 KiB of xt each),
+    two mbarriers per stage, the 1024-byte alignment of the swizzled tiles."""
+    return WGRAD_GEMM_STAGES * (16384 + WGRAD_GEMM_ROWS * 128) + 16 * WGRAD_GEMM_STAGES + 1024
+
+
+def wgrad_gemm_supported(n: int | None = None) -> bool:
+    """Whether :func:`wgrad_gemm` runs on the current device (as :func:`glu_gemm_supported`) and,
+    given ``n``, for a layer input that wide: more than 256 and at most 264 columns (one tile: the
+    network's augmented z is 260)."""
+    return glu_gemm_supported() and (n is None or 256 < n <= WGRAD_GEMM_ROWS)
+
+
+def wgrad_splits(K: int, M: int) -> tuple[int, int]:
+    """``(splits, k_split)``: the slices of the batch ``K`` (``k_split`` rows each, a multiple of
+    32; the last may be shorter) for ``M`` output columns, so that the CTAs (128 columns by one
+    slice each) fill the device's SMs about once."""
+    tiles, chunks = -(-M // GLU_GEMM_ROWS), -(-K // GLU_GEMM_BOX_K)
+    splits = max(1, min(max(1, chunks // WGRAD_GEMM_MIN_CHUNKS), round(sm_count() / tiles)))
+    k_split = -(-chunks // splits) * GLU_GEMM_BOX_K
+    return -(-K // k_split), k_split
+
+
+def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tuple[int, int] = (0, 0),
+               keep_cols: tuple[int, int] = (0, 0)) -> Array:
+    """A weight gradient over the batch: ``out`` [N, M] = ``xt @ y`` = ``x.T @ y`` on the TF32
+    tensor cores (wgmma; see :func:`wgrad_gemm_supported`; both operands rounded to TF32 to
+    nearest, as cuBLAS does, the products accumulated in float32), rows ``zero_rows`` then zero
+    outside columns ``keep_cols``.
+
+    ``xt`` [N, K]: the layer's input ``x`` [K, N] transposed and rounded to TF32
+    (:func:`transpose`); ``y`` [K, M] the gradient of the layer's output; K the batch, split over
+    the CTAs (:func:`wgrad_splits`) and the slices' partial sums added in a fixed order, so that the
+    result does not depend on timing. ``xt`` and ``y`` (moved by TMA) may be views with row
+    pitches of a multiple of 4 floats, 16-byte aligned; ``out`` (new when not given) any view."""
+    import cupy
+
+    k = "wgrad_gemm"
+    if not isinstance(xt, cupy.ndarray) or xt.ndim != 2 or not isinstance(y, cupy.ndarray) or y.ndim != 2:
+        raise ValueError(f"{k}: xt and y must be 2-D CuPy arrays")
+    if not glu_gemm_supported():
+        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    N, K = xt.shape
+    M = y.shape[1]
+    if y.shape[0] != K:
+        raise ValueError(f"{k}: xt has {K} columns but y has {y.shape[0]} rows")
+    if not 256 < N <= WGRAD_GEMM_ROWS:
+        raise ValueError(f"{k}: xt needs more than 256 and at most {WGRAD_GEMM_ROWS} rows, got {N}")
+    if K % 4 or M % 4:
+        raise ValueError(f"{k}: needs K and M multiples of 4; got K {K}, M {M}")
+    if not (0 <= zero_rows[0] <= zero_rows[1] <= N and 0 <= keep_cols[0] <= keep_cols[1] <= M):
+        raise ValueError(f"{k}: zero_rows {zero_rows} or keep_cols {keep_cols} outside [{N}, {M}]")
+    _rows_view(k, "xt", xt, (N, K))
+    _rows_view(k, "y", y, (K, M))
+    out, ld_out = _view_out(k, "out", out, (N, M))
+    if M == 0:
+        return out
+    if K == 0:
+        out[...] = 0.0
+        return out
+    splits, k_split = wgrad_splits(K, M)
+    tiles = -(-M // GLU_GEMM_ROWS)
+    part = cupy.empty((splits, WGRAD_GEMM_ROWS, tiles * GLU_GEMM_ROWS), dtype=F32)
+    map_y = tma.matrix_map(k, "y", y, GLU_GEMM_BOX_K, GLU_GEMM_BOX_K)
+    map_xt = tma.matrix_map(k, "xt", xt, GLU_GEMM_BOX_K, WGRAD_GEMM_BOX_ROWS)
+    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": WGRAD_GEMM_STAGES})
+    smem = _wgrad_gemm_smem()
+    if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
+        fn.max_dynamic_shared_size_bytes = smem
+        _BIG_SMEM.add(id(fn))
+    fn((tiles * splits,), (WGRAD_GEMM_THREADS,), (map_y, map_xt, part, i32(K), i32(M), i32(k_split), i32(tiles)),
+       shared_mem=smem)
+    _kernel("wgrad_gemm.cu", "wgrad_reduce", {"WG_STAGES": WGRAD_GEMM_STAGES})(
+        (_elementwise_grid(N * M),), (THREADS,),
+        (part, i32(splits), i32(tiles * GLU_GEMM_ROWS), out, i32(ld_out), i32(N), i32(M), i32(zero_rows[0]),
+         i32(zero_rows[1]), i32(keep_cols[0]), i32(keep_cols[1])))
+    return out
 
 
 def glu_backward(dh: Array, pv: Array, *, blocks: int = 1, dpv: Array | None = None) -> Array:

@@ -161,6 +161,19 @@ def linear_gemm(a: Sequence[Array], w: Sequence[Array], bias: Sequence[Array | N
     return outs
 
 
+def wgrad_gemm(x: Array, y: Array, zero_rows: tuple[int, int] = (0, 0),
+               keep_cols: tuple[int, int] = (0, 0)) -> Array:
+    """``x.T @ y`` [N, M] (a weight gradient: ``x`` [K, N] the layer's input, ``y`` [K, M] its
+    output's gradient), rows ``zero_rows`` zero outside columns ``keep_cols``. (The kernel reads
+    ``x`` transposed: ``xt = x.T``.)"""
+    out = x.T @ y
+    z0, z1 = zero_rows
+    keep = np.zeros(out.shape[1], dtype=bool)
+    keep[keep_cols[0] : keep_cols[1]] = True
+    out[z0:z1, ~keep] = 0.0
+    return out
+
+
 def glu_backward(dh: Array, pv: Array, blocks: int = 1) -> Array:
     """``[d pre_gate | d val]`` per branch [B, blocks 2H] of :func:`glu_forward`."""
     if blocks > 1:

@@ -522,6 +522,15 @@ def fused_glu(net: Any, stack: Any) -> bool:
             and K.glu_gemm_supported(net.settings.adv_h))
 
 
+def fused_wgrad(net: Any) -> bool:
+    """Whether the weight gradients of the GLU blocks whose input is the augmented z run as
+    :func:`foxhunt_core.gpu.kernels.wgrad_gemm` (the TF32 tensor cores, the batch split over the
+    SMs, z transposed once for both): TF32 on and a device and z width it supports (the network's
+    default trunk: z is 260 wide). Otherwise cuBLAS's GEMM, whose kernels for products over the
+    batch (both operands batch-major) are the older mma.sync ones."""
+    return cublas.tf32_enabled() and K.wgrad_gemm_supported(z_width(net))
+
+
 def branch_groups(net: Any) -> list[tuple[int, ...]]:
     """The branches whose GLUs run as one (one GEMM, one kernel), in forward order: the direction
     branch alone first (the magnitude branch reads its Q), then the others together when their
@@ -663,6 +672,8 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     # weight gradients run beside the input gradients, on the side stream: see gpu/streams.py.)
     use_zq = not net.extra_width[MAGNITUDE]
     dz_started = bool(net.branch_inputs)
+    use_wgrad = fused_wgrad(net)
+    zt: list[Array] = []  # z transposed and rounded to TF32 (wgrad_gemm's xt), made once for every group
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the
     # direction branch's Q, which then enters the direction branch's logit gradient.
@@ -715,8 +726,18 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         dy = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]  # ([dv] |) dpv
         bu = c["branches"][d0]["u"]  # (a branch with extra input columns is a group of its own)
         with streams.beside():
-            mm(z.T if bu is None else bu.T, dy, out=gw)  # weights and (ones column) biases
-            if bu is None and use_zq:
+            if bu is None and use_wgrad:
+                # Weights and (ones column) biases; the direction-Q rows zero but the magnitude branch's.
+                if not zt:
+                    zt.append(K.transpose(z))
+                keep = (0, 0)
+                if use_zq and MAGNITUDE in g:
+                    i = g.index(MAGNITUDE)
+                    keep = (with_v + 2 * H * i, with_v + 2 * H * (i + 1))
+                K.wgrad_gemm(zt[0], dy, out=gw, zero_rows=(H2, H2 + n_dir) if use_zq else (0, 0), keep_cols=keep)
+            else:
+                mm(z.T if bu is None else bu.T, dy, out=gw)  # weights and (ones column) biases
+            if bu is None and use_zq and not use_wgrad:
                 # The direction-Q columns of z meet only the magnitude branch's weights: the other
                 # branches' (and the value head's) gradients over those rows of the block are zero.
                 if with_v:

@@ -257,3 +257,81 @@ def test_graph_replay_through_glu_gemm_equals_eager_updates():
         _replay_against_eager(cp, rng, eager, graphed, g, 16384, 3)
     finally:
         cublas.set_tf32(False)
+
+
+def _default_tf32_settings():
+    """The default network (trunk 256/256, adv_h 256: z is 260 wide, wgrad_gemm's tile) under TF32."""
+    return RunSettings(train=TrainSettings(lr=1e-3, tf32=True))
+
+
+def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypatch):
+    """The default network under TF32: the GLU blocks' weight gradients (every branch's gate and
+    value weights and biases, and the value head's, which shares the direction branch's block) come
+    from wgrad_gemm. Against the NumPy float32 update from the same parameters and batch they are as
+    close as the same update's through cuBLAS's GEMM (both TF32, the same forward): all of them
+    together within 10%, each within 50% of cuBLAS's error (a wiring error, e.g. a column block
+    off by one branch or the direction-Q rows not zeroed, is off by order one)."""
+    cp = _cp()
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.net import fused
+
+    if not K.wgrad_gemm_supported(260):
+        pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    cpu = Agent(_default_tf32_settings(), PluginSet(), np, np.random.default_rng(seed))
+    gpu = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed))
+    for o, s in cpu.online.items():
+        for k, v in s.items():
+            cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
+            gpu.online[o][k][...] = cp.asarray(v)
+            gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+    calls = []
+    real = K.wgrad_gemm
+    monkeypatch.setattr(K, "wgrad_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    batch = _batch(rng, 2048)
+    cublas.set_tf32(True)
+    try:
+        g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+        assert len(calls) == 2, "both GLU blocks' weight gradients through wgrad_gemm"
+        monkeypatch.setattr(fused, "fused_wgrad", lambda net: False)
+        g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+        assert len(calls) == 2
+    finally:
+        cublas.set_tf32(False)
+    assert abs(float(s_tc["loss"]) - float(s_lt["loss"])) <= 1e-6 * abs(float(s_lt["loss"]))  # the same forward
+    g_cpu, _, _, _ = cpu.loss_and_grads(batch, 0.01)
+    names = [k for k in g_cpu["core"] if k.startswith("value.") or k.split(".")[-1] in ("w_gate", "w_val", "b_gate",
+                                                                                        "b_val")]
+    assert len(names) == 2 + 4 * 4
+    for k in names:
+        e_tc, e_lt = _rel(g_tc["core"][k], g_cpu["core"][k]), _rel(g_lt["core"][k], g_cpu["core"][k])
+        assert e_tc < 1.5 * e_lt + 1e-7, f"{k}: wgrad_gemm {e_tc:.3g} against cuBLAS {e_lt:.3g}"
+    every = np.concatenate([np.ravel(g_cpu["core"][k]) for k in names])
+    e_tc = _rel(np.concatenate([np.ravel(_host(g_tc["core"][k])) for k in names]), every)
+    e_lt = _rel(np.concatenate([np.ravel(_host(g_lt["core"][k])) for k in names]), every)
+    assert e_tc < 1.1 * e_lt and e_tc < 2e-2, (e_tc, e_lt)
+
+
+def test_graph_replay_through_wgrad_gemm_equals_eager_updates():
+    """The default network under TF32 (its GLU blocks' weight gradients through wgrad_gemm, its
+    scratch from the graph's own memory pool) inside the captured update: replay gives the eager
+    updates, at a stacked batch size and past the stacking threshold."""
+    cp = _cp()
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.graphs import GraphedUpdate
+
+    if not K.wgrad_gemm_supported(260):
+        pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    cublas.set_tf32(True)
+    try:
+        for rows in (4096, 16384):
+            eager = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed))
+            graphed = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed))
+            _replay_against_eager(cp, rng, eager, graphed, GraphedUpdate(graphed, rows), rows, 2)
+    finally:
+        cublas.set_tf32(False)

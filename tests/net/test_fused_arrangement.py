@@ -76,7 +76,8 @@ def _put(out, value):
 def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
     branch subsets and skipped outputs as the kernels do; with ``glu_gemm_on`` the GLU-in-one-
-    kernel path (``glu_gemm``) runs where the fused network takes it on the GPU."""
+    kernel path (``glu_gemm``) runs where the fused network takes it on the GPU, and the weight
+    gradients' kernel (``wgrad_gemm``) likewise."""
 
     def glu_gemm_supported(H=None):
         return glu_gemm_on
@@ -107,6 +108,12 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         assert all(written_rounded(x, rounded) for x in a), rounded
         refs = R.linear_gemm(a, [t.T for t in wt], bias, relu)
         return [_put(None if out is None else o, r) for o, r in zip(out or [None] * len(a), refs)]
+
+    def wgrad_gemm_supported(n=None):
+        return glu_gemm_on
+
+    def wgrad_gemm(xt, y, *, out=None, zero_rows=(0, 0), keep_cols=(0, 0)):
+        return _put(out, R.wgrad_gemm(xt.T, y, zero_rows, keep_cols))
 
     def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None, tf32=False):
         rm, rz = R.vsn_forward(h2, mpre, width)  # (float64 here: TF32 modelled as exact, as in matmul)
@@ -177,7 +184,8 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
 
     return types.SimpleNamespace(**{f.__name__: f for f in (
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
-        dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm)})
+        dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm,
+        wgrad_gemm, wgrad_gemm_supported)})
 
 
 def _one_stream() -> types.SimpleNamespace:
