@@ -26,7 +26,10 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
 - the weight gradients of the GLU blocks over the B rows of s (the joint branches' [260, B] x
   [B, 1536] and the direction branch's with the value head, [260, B] x [B, 576]), as cuBLASLt's
   GEMM (autotuned) over z's transpose view, and as ``wgrad_gemm`` (with z transposed and rounded
-  in the call, as the update runs it, and given).
+  in the call, as the update runs it, and given);
+- the GLUs' backward from their heads' gradients over the B rows of s (dh = dadv Wo^T, then the
+  gate's backward over pv, in place), as cuBLASLt's GEMM and ``glu_backward``, and as one
+  ``glu_backward_gemm``.
 
 The inputs are random and fixed.
 """
@@ -187,6 +190,36 @@ def heads_cases(B: int) -> dict:
     }
 
 
+def glu_backward_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import cublas, cublaslt
+    from foxhunt_core.gpu import kernels as K
+
+    cublas.set_tf32(True)
+    cublaslt.set_autotune(True)
+    H, W = 256, 156
+    rng = cp.random.default_rng(3)
+    dadv = rng.standard_normal((B, 4 * W), dtype=cp.float32)
+    wo = rng.standard_normal((H, 4 * W), dtype=cp.float32) * 0.05
+    wo_r = K.round_tf32(wo)
+    pv = rng.standard_normal((B, 8 * H), dtype=cp.float32)
+    dh = cp.empty((B, 4 * H), cp.float32)
+    return {
+        "GLU backward 3 branches: cuBLASLt dh GEMM (strided batch) + glu_backward": lambda: (
+            cublas.matmul(dadv[:, W : 2 * W], wo[:, W : 2 * W].T, out=dh[:, H : 2 * H], batch=(3, W, W, H)),
+            K.glu_backward(dh[:, H:], pv[:, 2 * H :], blocks=3, dpv=pv[:, 2 * H :])),
+        "GLU backward 3 branches: glu_backward_gemm": lambda: K.glu_backward_gemm(
+            [dadv[:, W * i : W * (i + 1)] for i in (1, 2, 3)], [wo_r[:, W * i : W * (i + 1)] for i in (1, 2, 3)],
+            pv[:, 2 * H :]),
+        "GLU backward direction: cuBLASLt dh GEMM + glu_backward": lambda: (
+            cublas.matmul(dadv[:, :W], wo[:, :W].T, out=dh[:, :H]),
+            K.glu_backward(dh[:, :H], pv[:, : 2 * H], blocks=1, dpv=pv[:, : 2 * H])),
+        "GLU backward direction: glu_backward_gemm": lambda: K.glu_backward_gemm([dadv[:, :W]], [wo_r[:, :W]],
+                                                                                 pv[:, : 2 * H]),
+    }
+
+
 def wgrad_cases(B: int) -> dict:
     import cupy as cp
 
@@ -246,7 +279,7 @@ def main() -> None:
     print("|---|---|---|")
     for B in args.batches:
         cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B), **heads_cases(B),
-                 **wgrad_cases(B)}
+                 **glu_backward_cases(B), **wgrad_cases(B)}
         for name, fn in cases.items():
             if args.only not in name:
                 continue

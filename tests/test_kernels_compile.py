@@ -123,6 +123,33 @@ def test_wgrad_gemm_compiles_unserialized_without_spills(stages: int, tmp_path: 
     assert len(spills) == 2 and all(n == "0" for n in spills), msgs
 
 
+@needs_nvcc
+@pytest.mark.parametrize("tail", [1, 2, 3, 4])
+def test_glu_backward_gemm_compiles_unserialized_without_spills(tail: int, tmp_path: Path) -> None:
+    """glu_backward_gemm.cu for each count of k steps in the last chunk: no serialized wgmma, no spill."""
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_backward_gemm.cu", {"GB_TAIL_STEPS": str(tail)},
+                    tmp_path, cubin=True)
+    assert "C75" not in msgs and "serialized" not in msgs, msgs
+    spills = re.findall(r"(\d+) bytes spill stores", msgs)
+    assert len(spills) == 2 and all(n == "0" for n in spills), msgs
+
+
+def test_glu_backward_gemm_defaults_agree_with_its_wrapper() -> None:
+    """glu_backward_gemm.cu's tile, stages, parts, threads and argument record as the wrapper sizes
+    its launch."""
+    from foxhunt_core.gpu import kernels as K
+
+    src = (ROOT / "foxhunt_core" / "kernels" / "glu_backward_gemm.cu").read_text()
+    defaults = dict(re.findall(r"#define (GB_\w+) (\d+)\b", src))
+    assert int(defaults["GB_BH"]) == K.GLU_GEMM_COLS
+    assert int(defaults["GB_STAGES"]) == K.GLU_BACKWARD_GEMM_STAGES
+    assert int(defaults["GB_SETS"]) == K.GLU_BACKWARD_GEMM_SETS
+    assert int(defaults["GB_BH"]) // 32 == K.GLU_BACKWARD_GEMM_PARTS and "#define GB_PARTS (GB_BH / 32)" in src
+    assert "#define GB_THREADS (TC_THREADS + 64)" in src and K.GLU_GEMM_THREADS + 64 == K.GLU_BACKWARD_GEMM_THREADS
+    assert K.GLU_BACK_ARGS.itemsize == (2 * K.GLU_BACKWARD_GEMM_SETS + 1) * 128  # sizeof(GluBackArgs)
+    assert K._glu_backward_gemm_smem() <= 227 * 1024
+
+
 def test_wgrad_gemm_defaults_agree_with_its_wrapper() -> None:
     """wgrad_gemm.cu's tile, boxes, stages and threads as the wrapper sizes its launch."""
     from foxhunt_core.gpu import kernels as K

@@ -32,7 +32,10 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   a tile of 128 rows per two consumer warpgroups. ``transpose``: the weights transposed and
   rounded to TF32 as both read them. ``wgrad_gemm``: ``reference.wgrad_gemm`` (a weight gradient
   over the batch, its operand A from registers); a CTA per 128 output columns and slice of the
-  batch, then a thread per element sums the slices.
+  batch, then a thread per element sums the slices. ``glu_backward_gemm``:
+  ``reference.glu_backward_gemm`` (the heads' input gradient and the GLU's backward in its
+  epilogue); a CTA per SM, a tile of 128 rows and 128 GLU columns. ``round_tf32``: a thread per
+  element.
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
@@ -97,6 +100,7 @@ __all__ = [
     "dueling_backward",
     "dueling_softmax_forward",
     "glu_backward",
+    "glu_backward_gemm",
     "glu_forward",
     "glu_gemm",
     "glu_gemm_supported",
@@ -105,6 +109,7 @@ __all__ = [
     "q_stats_reduce",
     "q_stats_workspace",
     "relu_backward",
+    "round_tf32",
     "transpose",
     "vsn_backward",
     "vsn_forward",
@@ -725,6 +730,96 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     fn((clusters * c,), (GLU_GEMM_THREADS,), (args, i32(M), i32(K), i32(N), i32(sets), i32(rounded)),
        shared_mem=smem)
     return outs
+
+
+GLU_BACKWARD_GEMM_SETS = 3  # branches per launch, at most (GB_SETS)
+GLU_BACKWARD_GEMM_STAGES = 3
+GLU_BACKWARD_GEMM_THREADS = 352  # the consumers, the ring's producer, pv's loader and its storer (GB_THREADS)
+GLU_BACKWARD_GEMM_PARTS = 4  # the staging buffer's parts, three mbarriers each (GB_PARTS)
+# glu_backward_gemm.cu's GluBackArgs: every branch's dadv and Wo tensor maps, then pv's.
+GLU_BACK_ARGS = np.dtype([("maps", np.uint64, (2 * GLU_BACKWARD_GEMM_SETS + 1, 16))])
+
+
+def _glu_backward_gemm_smem() -> int:
+    """Bytes of shared memory of glu_backward_gemm.cu: its stages (16 KiB of dadv and of Wo each),
+    the tile's pre-activations (128 KiB), two mbarriers per stage and three per part of the staging
+    buffer, the alignment (225 KiB in all with 3 stages: a Hopper block may have 227)."""
+    return (GLU_BACKWARD_GEMM_STAGES * (16384 + 16384) + 131072 + 16 * GLU_BACKWARD_GEMM_STAGES
+            + 24 * GLU_BACKWARD_GEMM_PARTS + 1024)
+
+
+def glu_backward_gemm_fills(rows: int, blocks: int, H: int) -> bool:
+    """Whether :func:`glu_backward_gemm` over ``rows`` rows of ``blocks`` GLUs ``H`` wide has a tile
+    (128 rows x 128 GLU columns) for every SM at least. With fewer, each CTA's chain of load,
+    products, epilogue and store runs alone and cuBLAS's GEMM with ``glu_backward`` is faster (the
+    direction branch at 4096 rows: 13.4 against 10.0 us; benchmarks/bench_kernels.py)."""
+    return blocks * (H // GLU_GEMM_COLS) * -(-rows // GLU_GEMM_ROWS) >= sm_count()
+
+
+def round_tf32(x: Array, *, out: Array | None = None) -> Array:
+    """``x`` [rows, cols] (any row pitch) rounded to TF32, to nearest (as cuBLAS rounds its TF32
+    operands): the advantage heads' weights as :func:`glu_backward_gemm` reads them."""
+    k = "round_tf32"
+    if getattr(x, "ndim", 0) != 2:
+        raise ValueError(f"{k}: x must be a 2-D CuPy array")
+    ld_x = _rows_view(k, "x", x, tuple(x.shape))
+    out, ld_out = _view_out(k, "out", out, tuple(x.shape))
+    if x.size:
+        _kernel("glu_backward_gemm.cu", k)((_elementwise_grid(x.size),), (THREADS,),
+                                           (x, i32(ld_x), out, i32(ld_out), i32(x.shape[0]), i32(x.shape[1])))
+    return out
+
+
+def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> Array:
+    """The GLU layers' backward from their advantage heads' gradients in one launch:
+    :func:`glu_backward` of ``dh = [dadv[b] @ wo[b].T, ...]``, dh on the TF32 tensor cores (wgmma;
+    see :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does) and
+    never written: the gate's backward runs in the GEMM's epilogue. Up to
+    :data:`GLU_BACKWARD_GEMM_SETS` branches side by side.
+
+    ``dadv[b]`` [M, K] the head's output gradient; ``wo[b]`` [H, K] the head's weights as the layer
+    holds them, rounded to TF32 (:func:`round_tf32`); ``pv`` [M, blocks 2H]: branch b's
+    ``[gate | value]`` pre-activations at column 2 H b, replaced by their gradients (in place;
+    returned). Every matrix may be a view with a row pitch of a multiple of 4 floats, 16-byte
+    aligned (TMA moves them); K a multiple of 4, H of 128."""
+    import cupy
+
+    k = "glu_backward_gemm"
+    sets = len(dadv)
+    if not 1 <= sets <= GLU_BACKWARD_GEMM_SETS or len(wo) != sets:
+        raise ValueError(f"{k}: 1 to {GLU_BACKWARD_GEMM_SETS} branches of dadv and wo, got {sets} dadv, {len(wo)} wo")
+    if not all(isinstance(x, cupy.ndarray) and x.ndim == 2 for x in (*dadv, *wo, pv)):
+        raise ValueError(f"{k}: dadv, wo and pv must be 2-D CuPy arrays")
+    if not glu_gemm_supported():
+        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    M, Kd = dadv[0].shape
+    H = wo[0].shape[0]
+    if H % GLU_GEMM_COLS or Kd % 4 or Kd <= 0:
+        raise ValueError(f"{k}: needs H a multiple of {GLU_GEMM_COLS} and K a positive multiple of 4; got H {H}, "
+                         f"K {Kd}")
+    for i in range(sets):
+        _rows_view(k, f"dadv[{i}]", dadv[i], (M, Kd))
+        _rows_view(k, f"wo[{i}]", wo[i], (H, Kd))
+    _rows_view(k, "pv", pv, (M, sets * 2 * H))
+    if M == 0:
+        return pv
+    args = np.zeros(1, dtype=GLU_BACK_ARGS)
+    for i in range(sets):
+        args["maps"][0, i] = tma.matrix_map(k, f"dadv[{i}]", dadv[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
+        args["maps"][0, GLU_BACKWARD_GEMM_SETS + i] = tma.matrix_map(
+            k, f"wo[{i}]", wo[i], GLU_GEMM_BOX_K, GLU_GEMM_COLS)["opaque"][0]
+    args["maps"][0, 2 * GLU_BACKWARD_GEMM_SETS] = tma.matrix_map(
+        k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
+    tail = (Kd - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
+    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": GLU_BACKWARD_GEMM_STAGES, "GB_TAIL_STEPS": tail})
+    smem = _glu_backward_gemm_smem()
+    if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
+        fn.max_dynamic_shared_size_bytes = smem
+        _BIG_SMEM.add(id(fn))
+    tiles = sets * (H // GLU_GEMM_COLS) * -(-M // GLU_GEMM_ROWS)
+    fn((min(tiles, sm_count()),), (GLU_BACKWARD_GEMM_THREADS,), (args, i32(M), i32(Kd), i32(H), i32(sets)),
+       shared_mem=smem)
+    return pv
 
 
 WGRAD_GEMM_ROWS = 264  # wgrad_gemm.cu's N per tile: one wgmma of 256 columns and one of 8 (WG_ROWS)

@@ -183,6 +183,14 @@ def glu_backward(dh: Array, pv: Array, blocks: int = 1) -> Array:
     return np.concatenate([L.sigmoid_backward(gate, dh * val), dh * gate], axis=1)
 
 
+def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> Array:
+    """:func:`glu_backward` of ``dh = [dadv[b] @ wo[b].T, ...]`` (each branch's GLU output gradient
+    from its advantage head's, ``wo[b]`` [H, K] the head's weights as the layer holds them): pv's
+    gradient [B, blocks 2H]."""
+    dh = np.concatenate([a @ w.T for a, w in zip(dadv, wo)], axis=1)
+    return glu_backward(dh, pv, len(dadv))
+
+
 def bias_relu_forward(x: Array, bias: Array) -> Array:
     return L.relu(x + bias)
 

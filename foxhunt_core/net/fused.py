@@ -522,6 +522,14 @@ def fused_glu(net: Any, stack: Any) -> bool:
             and K.glu_gemm_supported(net.settings.adv_h))
 
 
+def fused_glu_backward(net: Any) -> bool:
+    """Whether a GLU group's backward runs as :func:`foxhunt_core.gpu.kernels.glu_backward_gemm`
+    (its heads' input gradient on the TF32 tensor cores, the sigmoid gate's backward in that GEMM's
+    epilogue, so the GLU outputs' gradient never reaches memory): TF32 on and a device and GLU width
+    it supports (the caller checks for the sigmoid gate)."""
+    return cublas.tf32_enabled() and K.glu_gemm_supported(net.settings.adv_h)
+
+
 def fused_wgrad(net: Any) -> bool:
     """Whether the weight gradients of the GLU blocks whose input is the augmented z run as
     :func:`foxhunt_core.gpu.kernels.wgrad_gemm` (the TF32 tensor cores, the batch split over the
@@ -660,12 +668,23 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             pblocks[home] = _block(p, net, home)
         return pblocks[home]
 
+    def rounded_block(home: str) -> Array:  # the block's weight rows rounded to TF32 (glu_backward_gemm's wo)
+        key = "TF32 " + home
+        if key not in pblocks:
+            pblocks[key] = K.round_tf32(block(home)[:H])
+        return pblocks[key]
+
     ggate: dict[str, Array] = {}
     gextra: list[Any] = [None] * len(net.branch_inputs)
     z = c["z"]  # [B, Wz] augmented
     pv_all, h_all = c["pv"], c["h"]  # ([v] |) every branch's [gate | value] pre-activations, augmented h
     Wh, lead = h_width(net), pv_lead(net)
-    dh_all = cp.empty((B, D * H), dtype=cp.float32)  # every branch's GLU output gradient
+    # With the sigmoid gate under TF32 on Hopper, each GLU group's backward is one kernel from its
+    # heads' gradients (glu_backward_gemm) where it has a tile for every SM; otherwise the GLU
+    # outputs' gradient is written first.
+    use_tc_dh = sigmoid_gate and fused_glu_backward(net)
+    written_dh = not use_tc_dh or not all(K.glu_backward_gemm_fills(B, len(gr), H) for gr in branch_groups(net))
+    dh_all = cp.empty((B, D * H), dtype=cp.float32) if written_dh else None  # every branch's GLU output gradient
     dz = (cp.zeros if net.branch_inputs else cp.empty)((B, z.shape[1]), dtype=cp.float32)
     # Whether z carries the direction-Q columns (the magnitude branch reads z): only the magnitude
     # branch's weights meet them, so every other weight gradient is zero over those rows. (The
@@ -688,9 +707,11 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         input columns of a branch that has them, or None (the input is z: its gradient is in dz)."""
         nonlocal dz_started
         d0, d1, n = g[0], g[-1] + 1, len(g)
+        tc_dh = use_tc_dh and K.glu_backward_gemm_fills(B, n, H)
         # The advantage layers: input gradients (one strided-batched GEMM where the blocks are of
-        # one width), weight and (ones column) bias gradients one branch each (split-K).
-        if _uniform(net, g):
+        # one width; with tc_dh, inside glu_backward_gemm below), weight and (ones column) bias
+        # gradients one branch each (split-K).
+        if _uniform(net, g) and not tc_dh:
             w = hcol[d0 + 1] - hcol[d0]
             home, col = out_home(net, d0)
             mm(dadv[:, hcol[d0] : hcol[d0] + w], block(home)[:H, col : col + w].T, out=dh_all[:, H * d0 : H * (d0 + 1)],
@@ -700,7 +721,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             home, col = out_home(net, d)
             w = hcol[d + 1] - hcol[d]
             dh = dadv[:, hcol[d] : hcol[d + 1]]  # zeros in the padding
-            if not _uniform(net, g):
+            if not (_uniform(net, g) or tc_dh):
                 mm(dh, block(home)[:H, col : col + w].T, out=dh_all[:, H * d : H * (d + 1)])
             wgrads.append((h_all[:, Wh * d : Wh * (d + 1)].T, dh, grad_block(home)[:, col : col + w]))
         with streams.beside():
@@ -709,7 +730,16 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             for x, dy, gw_out in wgrads:
                 mm(x, dy, out=gw_out)
         dpv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]  # [d pre_gate | d val] ..., over the forward's
-        if sigmoid_gate:
+        if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
+            for i in range(0, n, K.GLU_BACKWARD_GEMM_SETS):
+                part = g[i : i + K.GLU_BACKWARD_GEMM_SETS]
+                wos = []
+                for d in part:
+                    home, col = out_home(net, d)
+                    wos.append(rounded_block(home)[:, col : col + hcol[d + 1] - hcol[d]])
+                K.glu_backward_gemm([dadv[:, hcol[d] : hcol[d + 1]] for d in part], wos,
+                                    dpv[:, 2 * H * i : 2 * H * (i + len(part))])
+        elif sigmoid_gate:
             K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
         else:
             for d in g:

@@ -153,7 +153,8 @@ def _glu_net_settings():
 
 def _glu_agents(cp, monkeypatch):
     """A CPU agent and a GPU agent with the same parameters (the target network other than the
-    online one), the GPU under TF32, and a record of the glu_gemm and linear_gemm calls."""
+    online one), the GPU under TF32, and a record of the glu_gemm, linear_gemm and glu_backward_gemm
+    calls."""
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
 
@@ -170,8 +171,8 @@ def _glu_agents(cp, monkeypatch):
         for k, v in s.items():
             gpu.online[o][k][...] = cp.asarray(v)
             gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
-    calls = []  # ("glu_gemm" | "linear_gemm", ...) per call
-    for name in ("glu_gemm", "linear_gemm"):
+    calls = []  # ("glu_gemm" | "linear_gemm" | "glu_backward_gemm", ...) per call
+    for name in ("glu_gemm", "linear_gemm", "glu_backward_gemm"):
         real = getattr(K, name)
         monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
     cublas.set_tf32(True)
@@ -210,11 +211,11 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
 
 def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
     """The whole update with the GLUs as glu_gemm and the heads as linear_gemm (past the stacking
-    threshold, as large batches run) against the NumPy float32 update: the loss to 2e-3, all
-    gradients together to 2e-2, each parameter's to 1e-1. (The C51 gradient, a difference of two
-    distributions, amplifies TF32's relative error in small gradients; the forward's accuracy is
-    compared with cuBLAS's above. A wiring error — pre-activations of the wrong rows, a missing
-    value head — is off by order one.)"""
+    threshold, as large batches run), their backward as glu_backward_gemm, against the NumPy
+    float32 update: the loss to 2e-3, all gradients together to 2e-2, each parameter's to 1e-1.
+    (The C51 gradient, a difference of two distributions, amplifies TF32's relative error in small
+    gradients; the forward's accuracy is compared with cuBLAS's above. A wiring error —
+    pre-activations of the wrong rows, a missing value head — is off by order one.)"""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.net import fused
@@ -226,7 +227,8 @@ def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
         g_gpu, s_gpu, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
     finally:
         cublas.set_tf32(False)
-    assert {"glu_gemm", "linear_gemm"} <= set(calls), "the update ran its GLUs and heads on its own kernels"
+    assert {"glu_gemm", "linear_gemm", "glu_backward_gemm"} <= set(calls), \
+        "the update ran its GLUs and heads, and their backward, on its own kernels"
     g_cpu, s_cpu, _, _ = cpu.loss_and_grads(batch, 0.01)
     assert abs(float(s_cpu["loss"]) - float(s_gpu["loss"])) < 2e-3 * abs(float(s_cpu["loss"]))
     for o, s in g_cpu.items():

@@ -77,7 +77,9 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     """The kernel wrappers' signatures over their NumPy twins, honouring ``out`` arguments,
     branch subsets and skipped outputs as the kernels do; with ``glu_gemm_on`` the GLU-in-one-
     kernel path (``glu_gemm``) runs where the fused network takes it on the GPU, and the weight
-    gradients' kernel (``wgrad_gemm``) likewise."""
+    gradients' kernel (``wgrad_gemm``) and the GLU backward's (``glu_backward_gemm``, here two
+    branches a launch at most, so that a group of three takes two launches, and only for groups of
+    several branches, as if a single branch's had too few tiles) likewise."""
 
     def glu_gemm_supported(H=None):
         return glu_gemm_on
@@ -108,6 +110,16 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         assert all(written_rounded(x, rounded) for x in a), rounded
         refs = R.linear_gemm(a, [t.T for t in wt], bias, relu)
         return [_put(None if out is None else o, r) for o, r in zip(out or [None] * len(a), refs)]
+
+    def round_tf32(x, *, out=None):  # (float64 here: TF32 modelled as exact, as in matmul)
+        return _put(out, x.copy())
+
+    def glu_backward_gemm_fills(rows, blocks, H):  # as if a single branch had too few tiles: both paths run
+        return blocks > 1
+
+    def glu_backward_gemm(dadv, wo, pv):
+        pv[...] = R.glu_backward_gemm(dadv, wo, pv)
+        return pv
 
     def wgrad_gemm_supported(n=None):
         return glu_gemm_on
@@ -185,7 +197,8 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{f.__name__: f for f in (
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm,
-        wgrad_gemm, wgrad_gemm_supported)})
+        wgrad_gemm, wgrad_gemm_supported, round_tf32, glu_backward_gemm, glu_backward_gemm_fills)},
+        GLU_BACKWARD_GEMM_SETS=2)
 
 
 def _one_stream() -> types.SimpleNamespace:

@@ -1,0 +1,177 @@
+// The GLU layer's backward from its output's gradient, for the branches whose output feeds an
+// advantage head: dh = dadv Wo^T on the TF32 tensor cores (Hopper wgmma, operands brought in by
+// TMA), then the gate's backward in the GEMM's epilogue, written over the pre-activations.
+// foxhunt: arch-specific (compiled for sm_90a: wgmma exists there only)
+//
+// NumPy twin: foxhunt_core/gpu/reference.py glu_backward_gemm (dh = dadv Wo^T, then glu_backward).
+//
+//   for each branch b of the launch (up to GB_SETS):
+//     dh_b = dadv_b Wo_b^T     dadv_b [M, K] (the head's gradient, K = its padded width);
+//                              Wo_b [H, K] (the head's weights, as the layer holds them: its rows are
+//                              dh's columns, K-major as wgmma reads them; rounded to TF32 by the caller)
+//     pv [M, blocks 2H]: branch b's [gate | value] pre-activations at 2 H b, replaced by
+//     [dh v s (1 - s) | dh s] with s = sigmoid(gate), v = value (glu_backward's arithmetic)
+//
+// Why: the backward otherwise writes dh [M, blocks H] from cuBLAS's GEMM and glu_backward reads it
+// back with pv and writes pv's gradient: dh's round trip through memory is a third of that traffic.
+// Here a tile (TC_BM = 128 rows x GB_BH = 128 GLU columns of one branch) computes its dh in the
+// accumulators (K = 156: five 32-column chunks, dadv's rounded to TF32 in shared memory as they
+// arrive), while a loader warp brings the tile's gate and value pre-activations (8 boxes of
+// 32 columns x 128 rows: 128 KiB) into a staging buffer; the epilogue turns them into their
+// gradients in place there, and a storer warp sends them over pv by TMA. The buffer goes in four
+// parts (a gate box and its value box), each with its barriers (loaded, gradients written, stored),
+// so that the next tile's pre-activations come in while this tile's gradients go out: the kernel is
+// bound by memory (pv in, its gradient out), and a single buffer (one barrier pair) left the
+// memory idle during each epilogue (347 against 367 us for cuBLAS's GEMM and glu_backward over
+// 65536 rows of the joint branches). Built on tc_gemm.cuh (the ring, the schedule without
+// clusters, consume_tile). What it saves is dh's write and read.
+//
+// Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_backward_gemm): the tensor
+// maps describe dadv_b [M, K] and Wo_b [H, K] with boxes of 32 columns x 128 rows and pv
+// [M, blocks 2H] with boxes of 32 columns x 128 rows, 128-byte swizzle; H a multiple of 128.
+
+#include "activation.cuh"
+#include "tc_gemm.cuh"
+
+#define GB_BH 128                                // GLU columns per tile: the wgmma's N
+#define GB_SETS 3                                // branches per launch, at most
+#ifndef GB_STAGES
+#define GB_STAGES 3
+#endif
+#ifndef GB_TAIL_STEPS
+#define GB_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
+#endif
+#define GB_STAGE (TC_TILE_A + GB_BH * TC_BK * 4) // 16 KiB of dadv and 16 KiB of Wo per stage
+#define GB_PARTS (GB_BH / 32)                    // the staging buffer's parts: a gate box and its value box
+#define GB_BOX (TC_BM * 128)                     // 16 KiB: 32 columns x 128 rows
+#define GB_TILE_PV (2 * GB_PARTS * GB_BOX)       // 128 KiB (+ 3 stages: 224 KiB of the 227 a block may have)
+#define GB_THREADS (TC_THREADS + 64)             // + a warp that loads pv and one that stores its gradient
+static_assert(GB_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
+
+// Every branch's tensor maps and pv's, passed by value (__grid_constant__): a captured graph keeps
+// its own copy.
+struct __align__(64) GluBackArgs {
+    TensorMap dadv[GB_SETS], wo[GB_SETS], pv;
+};
+
+// The pv columns of part x (0..GB_PARTS-1: gate boxes; GB_PARTS..: value boxes) of a tile.
+__device__ __forceinline__ int part_col(int x, int b, int j0, int H) {
+    return 2 * H * b + (x < GB_PARTS ? 0 : H) + j0 + 32 * (x % GB_PARTS);
+}
+
+extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) __cluster_dims__(1, 1, 1)
+glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H, int blocks)
+{
+    extern __shared__ unsigned char smem_raw[];
+    unsigned stg;  // the tile's pre-activations, then their gradients: part x's gate box at x, value box at x + GB_PARTS
+    Ring ring = ring_layout(smem_raw, GB_STAGES, GB_STAGE, GB_TILE_PV, stg);
+    // Per part: loaded (`full`), its gradients written (`ready`), stored (`empty`).
+    const unsigned full = ring.empty + 8 * GB_STAGES, ready = full + 8 * GB_PARTS, empty = ready + 8 * GB_PARTS;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int per_branch = H / GB_BH;
+    const Schedule<1> sched(M, K, blocks * per_branch);
+    if (tid == 0)
+        for (int x = 0; x < GB_PARTS; ++x) {
+            mbar_init(full + 8 * x, 1);                   // the loader's arrival (and the boxes' bytes)
+            mbar_init(ready + 8 * x, TC_CONSUMER_WARPS);  // every consumer warp's
+            mbar_init(empty + 8 * x, 1);                  // the storer's, once the stores have read the part
+        }
+    ring_init(ring, 1, tid);  // (its fence and barrier cover the inits above)
+
+    if (warp >= TC_CONSUMER_WARPS) {
+        // Three warps, a lane each: dadv's and Wo's chunks into the ring; each tile's gate and value
+        // pre-activations into the staging buffer, part by part as the previous tile's gradients
+        // have left it (a fresh barrier passes parity 1); those gradients out by TMA stores.
+        if (lane == 0) {
+            unsigned phase = 0;
+            for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
+                const int ct = sched.col_tile(p), m0 = sched.row0(p);
+                const int b = ct / per_branch, j0 = (ct % per_branch) * GB_BH;
+                if (warp == TC_CONSUMER_WARPS) {
+                    for (int kc = 0; kc < sched.chunks; ++kc, ring.advance()) {
+                        const unsigned bar = ring_acquire(ring), sa = ring.at();
+                        tma_load(sa, &args.dadv[b], bar, kc * TC_BK, m0);
+                        tma_load(sa + TC_TILE_A, &args.wo[b], bar, kc * TC_BK, j0);
+                    }
+                } else if (warp == TC_CONSUMER_WARPS + 1) {
+                    for (int x = 0; x < GB_PARTS; ++x) {
+                        mbar_wait(empty + 8 * x, phase ^ 1);
+                        mbar_expect_bytes(full + 8 * x, 2 * GB_BOX);
+                        tma_load(stg + x * GB_BOX, &args.pv, full + 8 * x, part_col(x, b, j0, H), m0);
+                        tma_load(stg + (x + GB_PARTS) * GB_BOX, &args.pv, full + 8 * x,
+                                 part_col(x + GB_PARTS, b, j0, H), m0);
+                    }
+                } else {
+                    for (int x = 0; x < GB_PARTS; ++x) {
+                        mbar_wait(ready + 8 * x, phase);
+                        tma_store(&args.pv, stg + x * GB_BOX, part_col(x, b, j0, H), m0);
+                        tma_store(&args.pv, stg + (x + GB_PARTS) * GB_BOX, part_col(x + GB_PARTS, b, j0, H), m0);
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                        mbar_arrive_cluster(empty + 8 * x, 0);
+                    }
+                }
+            }
+            if (warp == TC_CONSUMER_WARPS + 2) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        }
+        __syncwarp();
+        cluster_sync();
+        return;
+    }
+
+    // The consumers.
+    const int wg = warp >> 2;  // this warpgroup's 64 rows of the tile
+    const int g = lane >> 2, q = lane & 3;
+    unsigned phase = 0;
+    float acc[GB_BH / 2];
+    for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
+        consume_tile<GB_BH, GB_TAIL_STEPS, 1>(acc, ring, sched.chunks, 0, wg, lane, tid & 127);
+
+        // Epilogue (the accumulators' layout: wgmma_tf32): element 4 j + e is dh at row r0 (+ 8 for
+        // e >= 2), GLU column 8 j + 2 q (+ 1 for odd e) of the tile, in part j / 4; its gate and
+        // value wait in that part's boxes (staged_at), where their gradients go.
+        const int r0 = wg * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+        for (int x = 0; x < GB_PARTS; ++x) {
+            mbar_wait(full + 8 * x, phase);
+            const unsigned gates = stg + x * GB_BOX, values = stg + (x + GB_PARTS) * GB_BOX;
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int j = 4 * x + jj, col = 8 * jj + 2 * q;  // (col within the part's boxes)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const unsigned ag = staged_at(gates, r0 + 8 * half, col);
+                    const unsigned av = staged_at(values, r0 + 8 * half, col);
+                    float g0, g1, v0, v1;
+                    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(g0), "=f"(g1) : "r"(ag));
+                    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v0), "=f"(v1) : "r"(av));
+                    const float dh0 = acc[4 * j + 2 * half], dh1 = acc[4 * j + 2 * half + 1];
+                    const float s0 = stable_sigmoid(g0), s1 = stable_sigmoid(g1);
+                    const float dv0 = dh0 * s0, dv1 = dh1 * s1;
+                    const float dg0 = dv0 * v0 * (1.0f - s0), dg1 = dv1 * v1 * (1.0f - s1);
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(ag), "f"(dg0), "f"(dg1) : "memory");
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(av), "f"(dv0), "f"(dv1) : "memory");
+                }
+            }
+            // The part's gradients visible to the TMA unit, then the warp's arrival for the storer.
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp();
+            if (lane == 0) mbar_arrive_cluster(ready + 8 * x, 0);
+        }
+    }
+    cluster_sync();
+}
+
+// out [rows, cols] (row pitch ld_out) = x (row pitch ld_x) rounded to TF32, to nearest: the heads'
+// weights as glu_backward_gemm reads them. A thread per element.
+extern "C" __global__ void round_tf32(const float* __restrict__ x, int ld_x, float* __restrict__ out, int ld_out,
+                                     int rows, int cols)
+{
+    const long long total = (long long)rows * cols;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(i / cols), c = (int)(i - (long long)r * cols);
+        out[(size_t)r * ld_out + c] = tf32_nearest(x[(size_t)r * ld_x + c]);
+    }
+}
