@@ -26,7 +26,8 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
 - the weight gradients of the GLU blocks over the B rows of s (the joint branches' [260, B] x
   [B, 1536] and the direction branch's with the value head, [260, B] x [B, 576]), as cuBLASLt's
   GEMM (autotuned) over z's transpose view, and as ``wgrad_gemm`` (with z transposed and rounded
-  in the call, as the update runs it, and given);
+  in the call, as the update runs it, and given); the heads' weight gradients (4 x [260, B] x
+  [B, 156]) as cuBLASLt's GEMMs (in both orientations) and as ``wgrad_gemm_sets``;
 - the GLUs' backward from their heads' gradients over the B rows of s (dh = dadv Wo^T, then the
   gate's backward over pv, in place), as cuBLASLt's GEMM and ``glu_backward``, and as one
   ``glu_backward_gemm``.
@@ -244,6 +245,21 @@ def wgrad_cases(B: int) -> dict:
         cases[f"GLU weight gradient {label}: wgrad_gemm (z transposed before)"] = (
             lambda c0=c0, c1=c1: K.wgrad_gemm(zt, dpv[:, c0:c1], out=g[:, c0:c1]))
     cases["z transposed and rounded (transpose)"] = lambda: K.transpose(z)
+    # The advantage heads' weight gradients ([260, B] x [B, 156] per branch), as the update runs them
+    # and in the other orientation ([156, B] x [B, 260]: the gradient's transpose).
+    h = rng.standard_normal((B, 4 * Wz), dtype=cp.float32)
+    dadv = rng.standard_normal((B, 4 * 156), dtype=cp.float32)
+    gh = cp.empty((Wz, 4 * 156), cp.float32)
+    ght = cp.empty((4 * 156, Wz), cp.float32)
+    hs = [h[:, Wz * i : Wz * (i + 1)] for i in range(4)]
+    ds = [dadv[:, 156 * i : 156 * (i + 1)] for i in range(4)]
+    cases["heads weight gradients (4 x [260, B] x [B, 156]): cuBLASLt GEMMs"] = lambda: [
+        cublas.matmul(hs[i].T, ds[i], out=gh[:, 156 * i : 156 * (i + 1)]) for i in range(4)]
+    cases["heads weight gradients transposed (4 x [156, B] x [B, 260]): cuBLASLt GEMMs"] = lambda: [
+        cublas.matmul(ds[i].T, hs[i], out=ght[156 * i : 156 * (i + 1)]) for i in range(4)]
+    cases["heads weight gradients (4 x [260, B] x [B, 156]): wgrad_gemm_sets (3 + 1, as the update)"] = lambda: (
+        K.wgrad_gemm_sets(hs[1:], ds[1:], [gh[:, 156 * i : 156 * (i + 1)] for i in (1, 2, 3)]),
+        K.wgrad_gemm_sets(hs[:1], ds[:1], [gh[:, :156]]))
     return cases
 
 

@@ -114,6 +114,7 @@ __all__ = [
     "vsn_backward",
     "vsn_forward",
     "wgrad_gemm",
+    "wgrad_gemm_sets",
     "wgrad_gemm_supported",
 ]
 
@@ -842,11 +843,11 @@ def wgrad_gemm_supported(n: int | None = None) -> bool:
     return glu_gemm_supported() and (n is None or 256 < n <= WGRAD_GEMM_ROWS)
 
 
-def wgrad_splits(K: int, M: int) -> tuple[int, int]:
+def wgrad_splits(K: int, M: int, sets: int = 1) -> tuple[int, int]:
     """``(splits, k_split)``: the slices of the batch ``K`` (``k_split`` rows each, a multiple of
-    32; the last may be shorter) for ``M`` output columns, so that the CTAs (128 columns by one
-    slice each) fill the device's SMs about once."""
-    tiles, chunks = -(-M // GLU_GEMM_ROWS), -(-K // GLU_GEMM_BOX_K)
+    32; the last may be shorter) for ``M`` output columns of each of ``sets`` products, so that the
+    CTAs (128 columns of one set by one slice each) fill the device's SMs about once."""
+    tiles, chunks = sets * -(-M // GLU_GEMM_ROWS), -(-K // GLU_GEMM_BOX_K)
     splits = max(1, min(max(1, chunks // WGRAD_GEMM_MIN_CHUNKS), round(sm_count() / tiles)))
     k_split = -(-chunks // splits) * GLU_GEMM_BOX_K
     return -(-K // k_split), k_split
@@ -901,11 +902,88 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
         _BIG_SMEM.add(id(fn))
     fn((tiles * splits,), (WGRAD_GEMM_THREADS,), (map_y, map_xt, part, i32(K), i32(M), i32(k_split), i32(tiles)),
        shared_mem=smem)
-    _kernel("wgrad_gemm.cu", "wgrad_reduce", {"WG_STAGES": WGRAD_GEMM_STAGES})(
-        (_elementwise_grid(N * M),), (THREADS,),
-        (part, i32(splits), i32(tiles * GLU_GEMM_ROWS), out, i32(ld_out), i32(N), i32(M), i32(zero_rows[0]),
-         i32(zero_rows[1]), i32(keep_cols[0]), i32(keep_cols[1])))
+    _wgrad_reduce(part, [out], ld_out, splits, tiles, N, M, zero_rows, keep_cols)
     return out
+
+
+# wgrad_gemm.cu's OutSets: wgrad_reduce's output pointers; WgradSets: wgrad_gemm_tx's tensor maps.
+WGRAD_SETS = 4  # (WT_SETS)
+OUT_SETS = np.dtype([("out", np.uint64, (WGRAD_SETS,))])
+WGRAD_SETS_ARGS = np.dtype([("maps", np.uint64, (2 * WGRAD_SETS, 16))])
+WGRAD_GEMM_TX_STAGES = 3  # (WT_STAGES)
+
+
+def _wgrad_reduce(part: Array, outs: Sequence[Array], ld_out: int, splits: int, tiles: int, N: int, M: int,
+                  zero_rows: tuple[int, int] = (0, 0), keep_cols: tuple[int, int] = (0, 0)) -> None:
+    """wgrad_reduce: each set's slices of the batch summed in order into its output."""
+    ptrs = np.zeros(1, dtype=OUT_SETS)
+    for i, o in enumerate(outs):
+        ptrs["out"][0, i] = o.data.ptr
+    _kernel("wgrad_gemm.cu", "wgrad_reduce", {"WG_STAGES": WGRAD_GEMM_STAGES})(
+        (_elementwise_grid(len(outs) * N * M),), (THREADS,),
+        (part, i32(len(outs)), i32(splits), i32(tiles * GLU_GEMM_ROWS), ptrs, i32(ld_out), i32(N), i32(M),
+         i32(zero_rows[0]), i32(zero_rows[1]), i32(keep_cols[0]), i32(keep_cols[1])))
+
+
+def _wgrad_gemm_tx_smem() -> int:
+    """Bytes of shared memory of wgrad_gemm_tx: its stages (16 KiB of y, 36 KiB of x as loaded),
+    the two transposed buffers (33 KiB each), the mbarriers, the alignment (222 KiB in all)."""
+    return WGRAD_GEMM_TX_STAGES * (16384 + 36864) + 2 * WGRAD_GEMM_ROWS * 128 + 16 * WGRAD_GEMM_TX_STAGES + 1024
+
+
+def wgrad_gemm_sets(x: Sequence[Array], y: Sequence[Array], out: Sequence[Array]) -> list[Array]:
+    """Up to :data:`WGRAD_SETS` weight gradients over the batch in one launch, ``out[b]`` [N, M] =
+    ``x[b].T @ y[b]``, with ``x[b]`` [K, N] as the layer's input is (batch-major: the advantage
+    heads' h, which no pass transposes) and ``y[b]`` [K, M]: as :func:`wgrad_gemm`, x transposed in
+    shared memory by the kernel (``wgrad_gemm_tx``). Every matrix may be a view (x and y with row
+    pitches of a multiple of 4 floats, 16-byte aligned; the outputs with one row pitch for all);
+    256 < N <= 264, M a multiple of 4."""
+    import cupy
+
+    k = "wgrad_gemm_tx"
+    sets = len(x)
+    if not 1 <= sets <= WGRAD_SETS or len(y) != sets or len(out) != sets:
+        raise ValueError(f"{k}: 1 to {WGRAD_SETS} sets of x, y and out, got {sets} x, {len(y)} y, {len(out)} out")
+    if not all(isinstance(a, cupy.ndarray) and a.ndim == 2 for a in (*x, *y, *out)):
+        raise ValueError(f"{k}: x, y and out must be 2-D CuPy arrays")
+    if not glu_gemm_supported():
+        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    K, N = x[0].shape
+    M = y[0].shape[1]
+    if not 256 < N <= WGRAD_GEMM_ROWS:
+        raise ValueError(f"{k}: x needs more than 256 and at most {WGRAD_GEMM_ROWS} columns, got {N}")
+    if M % 4:
+        raise ValueError(f"{k}: needs M a multiple of 4, got {M}")
+    lds = set()
+    for i in range(sets):
+        _rows_view(k, f"x[{i}]", x[i], (K, N))
+        _rows_view(k, f"y[{i}]", y[i], (K, M))
+        lds.add(_rows_view(k, f"out[{i}]", out[i], (N, M)))
+    if len(lds) != 1:
+        raise ValueError(f"{k}: the outputs need one row pitch, got {sorted(lds)}")
+    if M == 0:
+        return list(out)
+    if K == 0:
+        for o in out:
+            o[...] = 0.0
+        return list(out)
+    splits, k_split = wgrad_splits(K, M, sets)
+    tiles = -(-M // GLU_GEMM_ROWS)
+    part = cupy.empty((sets, splits, WGRAD_GEMM_ROWS, tiles * GLU_GEMM_ROWS), dtype=F32)
+    args = np.zeros(1, dtype=WGRAD_SETS_ARGS)
+    for i in range(sets):
+        args["maps"][0, i] = tma.matrix_map(k, f"y[{i}]", y[i], GLU_GEMM_BOX_K, GLU_GEMM_BOX_K)["opaque"][0]
+        args["maps"][0, WGRAD_SETS + i] = tma.matrix_map(k, f"x[{i}]", x[i], GLU_GEMM_BOX_K,
+                                                         GLU_GEMM_BOX_K)["opaque"][0]
+    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": WGRAD_GEMM_STAGES})
+    smem = _wgrad_gemm_tx_smem()
+    if id(fn) not in _BIG_SMEM:
+        fn.max_dynamic_shared_size_bytes = smem
+        _BIG_SMEM.add(id(fn))
+    fn((sets * tiles * splits,), (WGRAD_GEMM_THREADS,),
+       (args, part, i32(K), i32(M), i32(k_split), i32(tiles), i32(splits)), shared_mem=smem)
+    _wgrad_reduce(part, out, lds.pop(), splits, tiles, N, M)
+    return list(out)
 
 
 def glu_backward(dh: Array, pv: Array, *, blocks: int = 1, dpv: Array | None = None) -> Array:

@@ -70,11 +70,10 @@ __device__ __forceinline__ unsigned ld_tf32(unsigned at) {
     return v;
 }
 
-// One chunk: its four k steps' A fragments loaded (and rounded) from the stage's y boxes at `sy`
-// (this thread's offsets o0..o3 in each k step's 1024 bytes), then its products over xt's rows at
-// `sx`, committed as one group.
-__device__ __forceinline__ void chunk_rs(float* acc, unsigned (&a)[4 * TC_BK / 8], unsigned sy, unsigned sx,
-                                         unsigned o0, unsigned o1, unsigned o2, unsigned o3) {
+// A chunk's A fragments: its four k steps', loaded (and rounded) from the stage's y boxes at `sy`
+// (this thread's offsets o0..o3 in each k step's 1024 bytes).
+__device__ __forceinline__ void load_frags(unsigned (&a)[4 * TC_BK / 8], unsigned sy, unsigned o0, unsigned o1,
+                                           unsigned o2, unsigned o3) {
 #pragma unroll
     for (int s = 0; s < TC_BK / 8; ++s) {
         a[4 * s] = ld_tf32(sy + 1024 * s + o0);
@@ -82,6 +81,10 @@ __device__ __forceinline__ void chunk_rs(float* acc, unsigned (&a)[4 * TC_BK / 8
         a[4 * s + 2] = ld_tf32(sy + 1024 * s + o2);
         a[4 * s + 3] = ld_tf32(sy + 1024 * s + o3);
     }
+}
+
+// A chunk's products over xt's rows at `sx` (K-major, 128-byte swizzled), committed as one group.
+__device__ __forceinline__ void issue_products(float* acc, const unsigned (&a)[4 * TC_BK / 8], unsigned sx) {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int s = 0; s < TC_BK / 8; ++s) {
@@ -89,6 +92,39 @@ __device__ __forceinline__ void chunk_rs(float* acc, unsigned (&a)[4 * TC_BK / 8
         wgmma_rs_8(acc + WG_N / 2, a + 4 * s, sw128_desc(sx + WG_N * 128 + 32 * s));
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// One chunk: its fragments, then its products.
+__device__ __forceinline__ void chunk_rs(float* acc, unsigned (&a)[4 * TC_BK / 8], unsigned sy, unsigned sx,
+                                         unsigned o0, unsigned o1, unsigned o2, unsigned o3) {
+    load_frags(a, sy, o0, o1, o2, o3);
+    issue_products(acc, a, sx);
+}
+
+// This thread's four fragment offsets in a k step's 1024 bytes of y's boxes: y's element (k row r,
+// column m) of a stage lies in box m / 32, at r 128 + ((m % 32 / 4) ^ (r % 8)) 16 + (m % 4) 4 (the
+// 128-byte swizzle). The fragment registers: (m, q), (m + 8, q), (m, q + 4), (m + 8, q + 4).
+struct FragOffsets {
+    unsigned o0, o1, o2, o3;
+    __device__ __forceinline__ FragOffsets(int m, int q) {
+        const int c4 = (m & 31) >> 2;
+        const unsigned base = (m >> 5) * 4096 + (m & 3) * 4;
+        o0 = base + q * 128 + ((c4 ^ q) << 4);
+        o1 = base + q * 128 + (((c4 + 2) ^ q) << 4);
+        o2 = base + (q + 4) * 128 + ((c4 ^ (q + 4)) << 4);
+        o3 = base + (q + 4) * 128 + (((c4 + 2) ^ (q + 4)) << 4);
+    }
+};
+
+// This thread's partial D, transposed into out's layout at p (row n of out at p + n Mp): rows m and
+// m + 8 of D (p and p + 8), columns 8 j + 2 q (+ 1) and the tail's WG_N + 2 q (+ 1).
+__device__ __forceinline__ void store_partial(float* p, const float* acc, int q, int Mp) {
+#pragma unroll
+    for (int j = 0; j < WG_N / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[(size_t)(8 * j + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[4 * j + e];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[(size_t)(WG_N + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[WG_N / 2 + e];
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -128,14 +164,7 @@ wgrad_gemm(const __grid_constant__ TensorMap map_y, const __grid_constant__ Tens
     // The consumers: warpgroup wg takes y's columns m0 + 64 wg .. + 63 (D's rows).
     const int wg = warp >> 2, g = lane >> 2, q = lane & 3;
     const int m = 64 * wg + 16 * (warp & 3) + g;  // this thread's D rows in the tile: m and m + 8
-    // y's element (k row r, column m) of a stage lies in box m / 32, at r 128 + ((m % 32 / 4) ^ (r % 8)) 16
-    // + (m % 4) 4 (the 128-byte swizzle). A fragment registers: (m, q), (m + 8, q), (m, q + 4), (m + 8, q + 4)
-    // of each k step (rows 8 s + ..: 1024 s further).
-    const int c4 = (m & 31) >> 2;
-    const unsigned base = (m >> 5) * 4096 + (m & 3) * 4;
-    const unsigned o0 = base + q * 128 + ((c4 ^ q) << 4), o1 = base + q * 128 + (((c4 + 2) ^ q) << 4);
-    const unsigned o2 = base + (q + 4) * 128 + ((c4 ^ (q + 4)) << 4);
-    const unsigned o3 = base + (q + 4) * 128 + (((c4 + 2) ^ (q + 4)) << 4);
+    const FragOffsets fo(m, q);
     float acc[WG_N / 2 + WG_NT / 2];
 #pragma unroll
     for (int i = 0; i < WG_N / 2 + WG_NT / 2; ++i) acc[i] = 0.0f;
@@ -146,7 +175,7 @@ wgrad_gemm(const __grid_constant__ TensorMap map_y, const __grid_constant__ Tens
 #define WG_STEP(A)                                                                   \
     {                                                                                \
         mbar_wait(ring.full + 8 * ring.stage, ring.phase);                          \
-        chunk_rs(acc, A, ring.at(), ring.at() + WG_TILE_Y, o0, o1, o2, o3);         \
+        chunk_rs(acc, A, ring.at(), ring.at() + WG_TILE_Y, fo.o0, fo.o1, fo.o2, fo.o3); \
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");           \
         if (prev >= 0 && lane == 0) mbar_arrive_cluster(ring.empty + 8 * prev, 0);  \
         prev = ring.stage;                                                           \
@@ -163,29 +192,160 @@ wgrad_gemm(const __grid_constant__ TensorMap map_y, const __grid_constant__ Tens
 
     // The partial D, transposed into out's layout: part[split][n][m0 + m].
     const int Mp = m_tiles * TC_BM;
-    float* const p = part + (size_t)split * WG_ROWS * Mp + m0 + m;
-#pragma unroll
-    for (int j = 0; j < WG_N / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[(size_t)(8 * j + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[4 * j + e];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) p[(size_t)(WG_N + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[WG_N / 2 + e];
+    store_partial(part + (size_t)split * WG_ROWS * Mp + m0 + m, acc, q, Mp);
     cluster_sync();
 }
 
-// out [N, M] (row pitch ld_out) = the sum over `splits` of part[s][n][m] (each WG_ROWS x Mp), in order;
-// rows [zero0, zero1) zero outside columns [keep0, keep1). A thread per element, M fastest.
-extern "C" __global__ void wgrad_reduce(const float* __restrict__ part, int splits, int Mp,
-                                        float* __restrict__ out, int ld_out, int N, int M,
+// ---------------------------------------------------------------------------------------------
+// wgrad_gemm_tx: the same product for up to WT_SETS sets of operands at once, x given as it is
+// ([K, N], batch-major: the advantage heads' input h, which no pass transposes), transposed in
+// shared memory by the consumers. Per 32-row chunk the producer brings y's 32 x 128 block (as
+// above) and x's 32 x WG_ROWS block (WT_RAW_BOXES boxes of 32 columns, 128-byte swizzled; columns
+// past N read as zeros); the consumers write x's block transposed (K-major, 128-byte swizzled,
+// rounded to TF32 to nearest) into one of two buffers, and the chunk's stage goes back to the
+// producer: the products read only those buffers and the fragment registers, so the next chunk's
+// transpose runs while they do. A thread transposes 4 k x 1 column at a time (four 4-byte loads,
+// one 16-byte store): within a warp, 32 consecutive columns of one row read and 32 rows written,
+// free of bank conflicts. CTAs: sets x m tiles x slices of the batch; part[set][split][n][m].
+
+#define WT_SETS 4                                       // operand sets per launch, at most
+#define WT_STAGES 3
+#define WT_RAW_BOXES ((WG_ROWS + 31) / 32)              // x's boxes per chunk: 9
+#define WT_TILE_RAW (WT_RAW_BOXES * TC_BK * 128)        // 36 KiB
+#define WT_STAGE (WG_TILE_Y + WT_TILE_RAW)              // 52 KiB
+#define WT_ITEMS (WG_ROWS * TC_BK / 4)                  // a chunk's transpose: (column, 4 k) items
+// 3 stages and the two transposed buffers: 222 KiB of the 227 a block may have
+
+struct __align__(64) WgradSets {
+    TensorMap y[WT_SETS], x[WT_SETS];
+};
+
+// x's chunk at `raw` (boxes of 32 columns x 32 k rows) transposed into `bt` (WG_ROWS rows of 32 k,
+// K-major, 128-byte swizzled) and rounded to TF32, by consumer thread `ct` of 256.
+__device__ __forceinline__ void transpose_chunk(unsigned raw, unsigned bt, int ct) {
+#pragma unroll
+    for (int i = 0; i < (WT_ITEMS + 255) / 256; ++i) {
+        const int item = ct + 256 * i;
+        if (item < WT_ITEMS) {
+            const int kq = item / WG_ROWS, n = item - kq * WG_ROWS;
+            const unsigned col = raw + (n >> 5) * 4096 + (n & 3) * 4;
+            const int c4 = (n & 31) >> 2;
+            unsigned v[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int k = 4 * kq + e;
+                v[e] = ld_tf32(col + k * 128 + ((c4 ^ (k & 7)) << 4));
+            }
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                         ::"r"(bt + n * 128 + ((kq ^ (n & 7)) << 4)), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                         : "memory");
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+wgrad_gemm_tx(const __grid_constant__ WgradSets args, float* __restrict__ part, int K, int M, int k_split,
+              int m_tiles, int splits)
+{
+    extern __shared__ unsigned char smem_raw[];
+    unsigned bt;  // the two transposed buffers
+    Ring ring = ring_layout(smem_raw, WT_STAGES, WT_STAGE, 2 * WG_TILE_X, bt);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int per_set = m_tiles * splits;
+    const int set = blockIdx.x / per_set, mt = blockIdx.x % per_set % m_tiles, split = blockIdx.x % per_set / m_tiles;
+    const int m0 = mt * TC_BM, k0 = split * k_split;
+    const int chunks = (min(K, k0 + k_split) - k0 + TC_BK - 1) / TC_BK;
+    ring_init(ring, 1, tid);
+
+    if (warp >= TC_CONSUMER_WARPS) {  // the producer warpgroup: its first lane issues the loads
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp == TC_CONSUMER_WARPS && lane == 0)
+            for (int kc = 0; kc < chunks; ++kc, ring.advance()) {
+                const unsigned bar = ring_acquire(ring), sy = ring.at(), sx = sy + WG_TILE_Y;
+                const int k = k0 + kc * TC_BK;
+#pragma unroll
+                for (int b = 0; b < TC_BM / 32; ++b) tma_load(sy + b * 4096, &args.y[set], bar, m0 + 32 * b, k);
+#pragma unroll
+                for (int b = 0; b < WT_RAW_BOXES; ++b) tma_load(sx + b * 4096, &args.x[set], bar, 32 * b, k);
+            }
+        __syncwarp();
+        cluster_sync();
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int wg = warp >> 2, g = lane >> 2, q = lane & 3;
+    const int m = 64 * wg + 16 * (warp & 3) + g;  // this thread's D rows in the tile: m and m + 8
+    const FragOffsets fo(m, q);
+    float acc[WG_N / 2 + WG_NT / 2];
+#pragma unroll
+    for (int i = 0; i < WG_N / 2 + WG_NT / 2; ++i) acc[i] = 0.0f;
+    // Per chunk, k step by k step: the step's four fragment registers loaded (two sets, alternating:
+    // a step's in flight while the next one's load), its products issued; after the first step's,
+    // the next chunk's stage awaited and transposed into the other buffer (the previous chunk's
+    // products, which read it, are done by then). After the last step the chunk's stage goes back
+    // to the producer, and every consumer's transpose is made visible to the tensor cores.
+    unsigned ae[4], ao[4];
+    const unsigned ct = tid;  // (consumer threads 0..255)
+    mbar_wait(ring.full + 8 * ring.stage, ring.phase);
+    transpose_chunk(ring.at() + WG_TILE_Y, bt, ct);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    consumers_sync();
+    for (int kc = 0; kc < chunks; ++kc) {
+        const unsigned sy = ring.at(), sx = bt + (kc & 1) * WG_TILE_X;
+        const int stage = ring.stage;
+#pragma unroll
+        for (int s = 0; s < TC_BK / 8; ++s) {
+            unsigned* a = (s & 1) ? ao : ae;
+            const unsigned at = sy + 1024 * s;
+            a[0] = ld_tf32(at + fo.o0), a[1] = ld_tf32(at + fo.o1), a[2] = ld_tf32(at + fo.o2), a[3] = ld_tf32(at + fo.o3);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            wgmma_rs_256(acc, a, sw128_desc(sx + 32 * s));
+            wgmma_rs_8(acc + WG_N / 2, a, sw128_desc(sx + WG_N * 128 + 32 * s));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (s == 0 && kc + 1 < chunks) {
+                ring.advance();
+                mbar_wait(ring.full + 8 * ring.stage, ring.phase);
+                transpose_chunk(ring.at() + WG_TILE_Y, bt + ((kc + 1) & 1) * WG_TILE_X, ct);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive_cluster(ring.empty + 8 * stage, 0);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        consumers_sync();
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    const int Mp = m_tiles * TC_BM;
+    store_partial(part + ((size_t)set * splits + split) * WG_ROWS * Mp + m0 + m, acc, q, Mp);
+    cluster_sync();
+}
+
+// The output pointers of wgrad_reduce's sets (one row pitch for all), passed by value.
+struct OutSets {
+    float* out[WT_SETS];
+};
+
+// out_s [N, M] (row pitch ld_out) = the sum over `splits` of part[s][split][n][m] (each WG_ROWS x Mp),
+// in order, for each set s; rows [zero0, zero1) zero outside columns [keep0, keep1). A thread per
+// element, M fastest.
+extern "C" __global__ void wgrad_reduce(const float* __restrict__ part, int sets, int splits, int Mp,
+                                        const OutSets outs, int ld_out, int N, int M,
                                         int zero0, int zero1, int keep0, int keep1)
 {
-    const long long total = (long long)N * M;
+    const long long per_set = (long long)N * M, total = per_set * sets;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int n = (int)(i / M), mm = (int)(i - (long long)n * M);
+        const int st = (int)(i / per_set);
+        const long long e = i - st * per_set;
+        const int n = (int)(e / M), mm = (int)(e - (long long)n * M);
+        const float* p = part + (size_t)st * splits * WG_ROWS * Mp + (size_t)n * Mp + mm;
         float s = 0.0f;
         if (n < zero0 || n >= zero1 || (mm >= keep0 && mm < keep1))
-            for (int k = 0; k < splits; ++k) s += part[((size_t)k * WG_ROWS + n) * Mp + mm];
-        out[(size_t)n * ld_out + mm] = s;
+            for (int k = 0; k < splits; ++k) s += p[(size_t)k * WG_ROWS * Mp];
+        float* const o = st == 0 ? outs.out[0] : st == 1 ? outs.out[1] : st == 2 ? outs.out[2] : outs.out[3];
+        o[(size_t)n * ld_out + mm] = s;
     }
 }

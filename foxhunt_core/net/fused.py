@@ -57,6 +57,17 @@ as few launches as possible:
 * The advantage GEMMs write straight into one advantage buffer; the backward accumulates input
   gradients in place (GEMMs with ``beta = 1``) and writes the weight gradients straight into the
   optimizer's flat gradient buffer (``grads_into``).
+* **The GLU backward in one kernel per group** (:func:`fused_glu_backward`; the sigmoid gate,
+  TF32 on, a Hopper GPU, a tile for every SM): ``glu_backward_gemm`` computes the GLU outputs'
+  gradient from the heads' (``dadv Wo^T``, the heads' weights rounded to TF32 once per backward)
+  on the tensor cores and applies the gate's backward in its epilogue, over the pre-activations
+  in place: the GLU outputs' gradient never reaches memory.
+* **The GLU blocks' and the heads' weight gradients on the tensor cores** (:func:`fused_wgrad`;
+  TF32 on, a Hopper GPU, z 257 to 264 wide: the default trunk's 260; likewise h for the heads):
+  ``wgrad_gemm`` reduces over the batch with z transposed once (both GLU groups read it) and the
+  pre-activations' gradient as the register operand of its wgmma, the batch split over the SMs
+  and the slices summed in order; ``wgrad_gemm_sets`` does the heads of a group in one launch,
+  transposing h in shared memory (no pass writes h transposed).
 
 Plugin stages (a gate activation, branch-input columns) run their own forward/backward here
 exactly as in the reference, so they are captured in the same CUDA graph; with them each
@@ -530,13 +541,15 @@ def fused_glu_backward(net: Any) -> bool:
     return cublas.tf32_enabled() and K.glu_gemm_supported(net.settings.adv_h)
 
 
-def fused_wgrad(net: Any) -> bool:
+def fused_wgrad(net: Any, heads: bool = False) -> bool:
     """Whether the weight gradients of the GLU blocks whose input is the augmented z run as
     :func:`foxhunt_core.gpu.kernels.wgrad_gemm` (the TF32 tensor cores, the batch split over the
-    SMs, z transposed once for both): TF32 on and a device and z width it supports (the network's
-    default trunk: z is 260 wide). Otherwise cuBLAS's GEMM, whose kernels for products over the
-    batch (both operands batch-major) are the older mma.sync ones."""
-    return cublas.tf32_enabled() and K.wgrad_gemm_supported(z_width(net))
+    SMs, z transposed once for both), or with ``heads`` those of the advantage heads as
+    :func:`~foxhunt_core.gpu.kernels.wgrad_gemm_sets` (h transposed in the kernel): TF32 on and a
+    device and input width it supports (the network's default widths: z and h are 260 wide).
+    Otherwise cuBLAS's GEMMs, whose kernels for products over the batch (both operands
+    batch-major) are the older mma.sync ones."""
+    return cublas.tf32_enabled() and K.wgrad_gemm_supported(h_width(net) if heads else z_width(net))
 
 
 def branch_groups(net: Any) -> list[tuple[int, ...]]:
@@ -692,6 +705,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     use_zq = not net.extra_width[MAGNITUDE]
     dz_started = bool(net.branch_inputs)
     use_wgrad = fused_wgrad(net)
+    use_wgrad_h = fused_wgrad(net, heads=True)
     zt: list[Array] = []  # z transposed and rounded to TF32 (wgrad_gemm's xt), made once for every group
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the
@@ -725,10 +739,16 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 mm(dh, block(home)[:H, col : col + w].T, out=dh_all[:, H * d : H * (d + 1)])
             wgrads.append((h_all[:, Wh * d : Wh * (d + 1)].T, dh, grad_block(home)[:, col : col + w]))
         with streams.beside():
-            # One GEMM each: cuBLAS splits their long K = B reduction, which it never does inside a
-            # strided batch (one batched GEMM measured 1.5-3x slower: benchmarks/bench_stack.py).
-            for x, dy, gw_out in wgrads:
-                mm(x, dy, out=gw_out)
+            if use_wgrad_h and len({dy.shape[1] for _, dy, _ in wgrads}) == 1 \
+                    and len({gw_out.strides for _, _, gw_out in wgrads}) == 1:
+                # One launch, h transposed in the kernel (wgrad_gemm_sets).
+                K.wgrad_gemm_sets([x.T for x, _, _ in wgrads], [dy for _, dy, _ in wgrads],
+                                  [gw_out for _, _, gw_out in wgrads])
+            else:
+                # One GEMM each: cuBLAS splits their long K = B reduction, which it never does inside a
+                # strided batch (one batched GEMM measured 1.5-3x slower: benchmarks/bench_stack.py).
+                for x, dy, gw_out in wgrads:
+                    mm(x, dy, out=gw_out)
         dpv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]  # [d pre_gate | d val] ..., over the forward's
         if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
             for i in range(0, n, K.GLU_BACKWARD_GEMM_SETS):

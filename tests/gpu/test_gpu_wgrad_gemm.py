@@ -139,3 +139,84 @@ def test_wgrad_gemm_refuses_bad_layouts(cp, case):
         y = cp.zeros((64, 131), cp.float32)[:, :128]  # a row pitch TMA cannot take
     with pytest.raises(ValueError, match="wgrad_gemm"):
         K.wgrad_gemm(xt, y)
+
+
+def _run_sets(cp, xs, ys, lead=4):
+    """wgrad_gemm_sets over x's as column blocks (260 apart, as the GLUs' augmented outputs; 264 for
+    N = 264) of one array and y's as column blocks of one [K, sets M + 4] array, into column blocks
+    (M apart, after ``lead`` columns) of one NaN-poisoned [N, lead + sets M + 8] array."""
+    Kb, N = xs[0].shape
+    M = ys[0].shape[1]
+    sets = len(xs)
+    W = max(260, -(-N // 4) * 4)  # (x's blocks 260 apart, or N rounded up to 4 past that)
+    x_wide = cp.zeros((Kb, W * sets), cp.float32)
+    y_wide = cp.zeros((Kb, M * sets + 4), cp.float32)
+    for i in range(sets):
+        x_wide[:, W * i : W * i + N] = to_dev(cp, xs[i])
+        y_wide[:, M * i : M * (i + 1)] = to_dev(cp, ys[i])
+    out_wide = nan_like(cp, (N, lead + M * sets + 8))
+    K.wgrad_gemm_sets([x_wide[:, W * i : W * i + N] for i in range(sets)],
+                      [y_wide[:, M * i : M * (i + 1)] for i in range(sets)],
+                      [out_wide[:, lead + M * i : lead + M * (i + 1)] for i in range(sets)])
+    return host64(out_wide)
+
+
+# the advantage heads' weight gradients (N = 260 of h, M = 156) at 16384 rows, K tails, M within
+# and past one tile, N at both ends of the kernel's range
+@pytest.mark.parametrize("Kb,M,N,sets", [(16384, 156, 260, 3), (16384, 156, 260, 1), (1000, 156, 257, 4),
+                                         (300, 100, 264, 2), (132, 8, 260, 4), (4, 256, 260, 2)])
+def test_wgrad_gemm_sets_matches_the_reference(cp, rng, Kb, M, N, sets):
+    xs = [tf32(rng.normal(0, 1.0, (Kb, N))) for _ in range(sets)]
+    ys = [tf32(rng.normal(0, 1.0, (Kb, M))) for _ in range(sets)]
+    got = _run_sets(cp, xs, ys)
+    for i in range(sets):
+        assert_close(f"out[{i}]", got[:, 4 + M * i : 4 + M * (i + 1)], R.wgrad_gemm(host64(xs[i]), host64(ys[i])), TOL)
+    assert np.isnan(got[:, :4]).all() and np.isnan(got[:, 4 + M * sets :]).all(), "written outside the outputs"
+
+
+def test_wgrad_gemm_sets_rounds_both_operands_to_nearest(cp, rng):
+    """float32 inputs: x rounded as the kernel transposes it, y in registers: the product of the
+    inputs rounded to nearest, not of the truncated ones."""
+    Kb, N, M = 8192, 260, 156
+    x = rng.normal(0, 1.0, (Kb, N)).astype(np.float32)
+    y = rng.normal(0, 1.0, (Kb, M)).astype(np.float32)
+    got = _run_sets(cp, [x], [y])[:, 4 : 4 + M]
+    e_near = rel_err(got, host64(R.tf32_nearest(x)).T @ host64(R.tf32_nearest(y)))
+    e_trunc = rel_err(got, host64(tf32(x)).T @ host64(tf32(y)))
+    assert e_near < TOL and e_trunc > 10 * e_near, (e_near, e_trunc)
+
+
+def test_wgrad_gemm_sets_replays_from_a_graph(cp, rng):
+    Kb, N, M = 4096, 260, 156
+    x = cp.empty((Kb, 2 * N), cp.float32)
+    y = cp.empty((Kb, 2 * M), cp.float32)
+    out = nan_like(cp, (N, 2 * M))
+    args = ([x[:, :N], x[:, N:]], [y[:, :M], y[:, M:]], [out[:, :M], out[:, M:]])
+    pool = cp.cuda.MemoryPool()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream, cp.cuda.using_allocator(pool.malloc):
+        K.wgrad_gemm_sets(*args)
+        stream.synchronize()
+        stream.begin_capture()
+        K.wgrad_gemm_sets(*args)
+        graph = stream.end_capture()
+    for _ in range(2):
+        x_h, y_h = tf32(rng.normal(0, 1.0, (Kb, 2 * N))), tf32(rng.normal(0, 1.0, (Kb, 2 * M)))
+        x[...], y[...] = to_dev(cp, x_h), to_dev(cp, y_h)
+        out.fill(np.nan)
+        cp.cuda.Device().synchronize()
+        graph.launch(stream=stream)
+        stream.synchronize()
+        for i in range(2):
+            assert_close(f"replay {i}", out[:, M * i : M * (i + 1)],
+                         R.wgrad_gemm(host64(x_h)[:, N * i : N * (i + 1)], host64(y_h)[:, M * i : M * (i + 1)]), TOL)
+
+
+def test_wgrad_gemm_sets_refuses_bad_layouts(cp):
+    x, y, o = cp.zeros((64, 260), cp.float32), cp.zeros((64, 156), cp.float32), cp.zeros((260, 320), cp.float32)
+    with pytest.raises(ValueError, match="wgrad_gemm_tx"):
+        K.wgrad_gemm_sets([x] * 5, [y] * 5, [o[:, :156]] * 5)
+    with pytest.raises(ValueError, match="wgrad_gemm_tx"):
+        K.wgrad_gemm_sets([x, x], [y, y], [o[:, :156], cp.zeros((260, 156), cp.float32)])  # two row pitches
+    with pytest.raises(ValueError, match="wgrad_gemm_tx"):
+        K.wgrad_gemm_sets([cp.zeros((64, 256), cp.float32)], [y], [cp.zeros((256, 156), cp.float32)])

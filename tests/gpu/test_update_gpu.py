@@ -222,6 +222,8 @@ def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
 
     monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)  # one parameter tree per forward
     rng, cpu, gpu, calls = _glu_agents(cp, monkeypatch)
+    # glu_backward_gemm as from the batch where it has a tile for every SM, here at 512 rows
+    monkeypatch.setattr(fused.K, "glu_backward_gemm_fills", lambda rows, blocks, H: True)
     batch = _batch(rng, 512)
     try:
         g_gpu, s_gpu, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
@@ -269,14 +271,14 @@ def _default_tf32_settings():
 def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypatch):
     """The default network under TF32: the GLU blocks' weight gradients (every branch's gate and
     value weights and biases, and the value head's, which shares the direction branch's block) come
-    from wgrad_gemm. Against the NumPy float32 update from the same parameters and batch they are as
-    close as the same update's through cuBLAS's GEMM (both TF32, the same forward): all of them
-    together within 10%, each within 50% of cuBLAS's error (a wiring error, e.g. a column block
-    off by one branch or the direction-Q rows not zeroed, is off by order one)."""
+    from wgrad_gemm, the advantage heads' (weights and biases) from wgrad_gemm_sets. Against the
+    NumPy float32 update from the same parameters and batch they are as close as the same update's
+    through cuBLAS's GEMMs (both TF32, the same forward): all of them together within 10%, each
+    within 50% of cuBLAS's error (a wiring error, e.g. a column block off by one branch or the
+    direction-Q rows not zeroed, is off by order one)."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
-    from foxhunt_core.net import fused
 
     if not K.wgrad_gemm_supported(260):
         pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
@@ -290,23 +292,25 @@ def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypat
             gpu.online[o][k][...] = cp.asarray(v)
             gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
     calls = []
-    real = K.wgrad_gemm
-    monkeypatch.setattr(K, "wgrad_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for name in ("wgrad_gemm", "wgrad_gemm_sets"):
+        real = getattr(K, name)
+        monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
     batch = _batch(rng, 2048)
     cublas.set_tf32(True)
     try:
         g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
-        assert len(calls) == 2, "both GLU blocks' weight gradients through wgrad_gemm"
-        monkeypatch.setattr(fused, "fused_wgrad", lambda net: False)
+        # both GLU blocks', and the heads' of both groups
+        assert sorted(calls) == ["wgrad_gemm"] * 2 + ["wgrad_gemm_sets"] * 2, calls
+        monkeypatch.setattr(K, "wgrad_gemm_supported", lambda n=None: False)
         g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
-        assert len(calls) == 2
+        assert len(calls) == 4
     finally:
         cublas.set_tf32(False)
     assert abs(float(s_tc["loss"]) - float(s_lt["loss"])) <= 1e-6 * abs(float(s_lt["loss"]))  # the same forward
     g_cpu, _, _, _ = cpu.loss_and_grads(batch, 0.01)
     names = [k for k in g_cpu["core"] if k.startswith("value.") or k.split(".")[-1] in ("w_gate", "w_val", "b_gate",
-                                                                                        "b_val")]
-    assert len(names) == 2 + 4 * 4
+                                                                                        "b_val", "w_out", "b_out")]
+    assert len(names) == 2 + 4 * 6
     for k in names:
         e_tc, e_lt = _rel(g_tc["core"][k], g_cpu["core"][k]), _rel(g_lt["core"][k], g_cpu["core"][k])
         assert e_tc < 1.5 * e_lt + 1e-7, f"{k}: wgrad_gemm {e_tc:.3g} against cuBLAS {e_lt:.3g}"

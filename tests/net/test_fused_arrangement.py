@@ -127,6 +127,9 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     def wgrad_gemm(xt, y, *, out=None, zero_rows=(0, 0), keep_cols=(0, 0)):
         return _put(out, R.wgrad_gemm(xt.T, y, zero_rows, keep_cols))
 
+    def wgrad_gemm_sets(x, y, out):
+        return [_put(o, R.wgrad_gemm(a, b)) for a, b, o in zip(x, y, out)]
+
     def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None, tf32=False):
         rm, rz = R.vsn_forward(h2, mpre, width)  # (float64 here: TF32 modelled as exact, as in matmul)
         keep = h2.shape[0] if keep_rows is None else keep_rows
@@ -197,7 +200,8 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{f.__name__: f for f in (
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm,
-        wgrad_gemm, wgrad_gemm_supported, round_tf32, glu_backward_gemm, glu_backward_gemm_fills)},
+        wgrad_gemm, wgrad_gemm_sets, wgrad_gemm_supported, round_tf32, glu_backward_gemm,
+        glu_backward_gemm_fills)},
         GLU_BACKWARD_GEMM_SETS=2)
 
 
