@@ -113,9 +113,10 @@ def test_glu_gemm_compiles_for_each_cluster_size_and_k_tail(cluster: int, tail: 
 @needs_nvcc
 @pytest.mark.parametrize("stages", [3, 4])
 def test_wgrad_gemm_compiles_unserialized_without_spills(stages: int, tmp_path: Path) -> None:
-    """wgrad_gemm.cu: its wgmma's A comes from registers, two chunks' fragments live at once beside
-    the 132 accumulators (the consumers take 232 registers by setmaxnreg): ptxas must neither
-    serialize the products for want of registers (C7512) or otherwise (C7520) nor spill."""
+    """wgrad_gemm.cu (wgrad_gemm, wgrad_gemm_tx, wgrad_reduce): the wgmma's A comes from registers,
+    two sets of fragments live at once beside the 132 accumulators (the consumers take 232 registers
+    by setmaxnreg): ptxas must neither serialize the products for want of registers (C7512) or
+    otherwise (C7520) nor spill."""
     msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu", {"WG_STAGES": str(stages)}, tmp_path,
                     cubin=True)
     assert "C75" not in msgs and "serialized" not in msgs, msgs
@@ -155,12 +156,14 @@ def test_wgrad_gemm_defaults_agree_with_its_wrapper() -> None:
     from foxhunt_core.gpu import kernels as K
 
     src = (ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu").read_text()
-    defaults = dict(re.findall(r"#define (WG_\w+) (\d+)\b", src))
+    defaults = dict(re.findall(r"#define (W[GT]_\w+) (\d+)\b", src))
     assert int(defaults["WG_N"]) + int(defaults["WG_NT"]) == K.WGRAD_GEMM_ROWS
     assert int(defaults["WG_BOX_ROWS"]) == K.WGRAD_GEMM_BOX_ROWS
     assert int(defaults["WG_STAGES"]) == K.WGRAD_GEMM_STAGES
     assert "#define WG_THREADS (TC_THREADS - 32 + 128)" in src and K.GLU_GEMM_THREADS - 32 + 128 == K.WGRAD_GEMM_THREADS
-    assert K._wgrad_gemm_smem() <= 227 * 1024
+    assert K._wgrad_gemm_smem() <= 227 * 1024 and K._wgrad_gemm_tx_smem() <= 227 * 1024
+    assert int(defaults["WT_SETS"]) == K.WGRAD_SETS and int(defaults["WT_STAGES"]) == K.WGRAD_GEMM_TX_STAGES
+    assert K.WGRAD_SETS_ARGS.itemsize == 2 * K.WGRAD_SETS * 128 and K.OUT_SETS.itemsize == 8 * K.WGRAD_SETS
 
 
 def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
