@@ -264,6 +264,13 @@ def pairs(net: Any) -> bool:
 # benchmarks/bench_stack.py, and at 16384 the update is about 1% faster with the forwards apart
 # and the advantage layers one GEMM each: benchmarks/bench_update.py --stack-max 16384).
 STACK_MAX_ROWS = 8192
+# From this many rows the advantage heads' weight gradients run as wgrad_gemm_sets (fused_wgrad with
+# heads). Alone it beats cuBLAS's GEMMs at every size (35.5 / 73.7 / 213.8 against 46.4 / 93.9 /
+# 296.4 us at 4096 / 16384 / 65536 rows), but on the side stream it takes every SM's shared memory
+# for its time: at 4096 the update then took 0.569 ms against 0.552-0.556 without it, at 16384
+# 1.388-1.391 against 1.387, at 65536 4.726-4.742 against 4.754 (benchmarks/bench_update.py, one
+# run each way; benchmarks/results/2026-11-30-h200/round9).
+WGRAD_HEADS_MIN_ROWS = 32768
 
 
 def stacks(net: Any, rows: int) -> bool:
@@ -705,7 +712,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     use_zq = not net.extra_width[MAGNITUDE]
     dz_started = bool(net.branch_inputs)
     use_wgrad = fused_wgrad(net)
-    use_wgrad_h = fused_wgrad(net, heads=True)
+    use_wgrad_h = fused_wgrad(net, heads=True) and B >= WGRAD_HEADS_MIN_ROWS
     zt: list[Array] = []  # z transposed and rounded to TF32 (wgrad_gemm's xt), made once for every group
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the

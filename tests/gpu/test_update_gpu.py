@@ -291,6 +291,9 @@ def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypat
             cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
             gpu.online[o][k][...] = cp.asarray(v)
             gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+    from foxhunt_core.net import fused
+
+    monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)  # the heads' as from 32768 rows, here at 2048
     calls = []
     for name in ("wgrad_gemm", "wgrad_gemm_sets"):
         real = getattr(K, name)
@@ -320,14 +323,18 @@ def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypat
     assert e_tc < 1.1 * e_lt and e_tc < 2e-2, (e_tc, e_lt)
 
 
-def test_graph_replay_through_wgrad_gemm_equals_eager_updates():
-    """The default network under TF32 (its GLU blocks' weight gradients through wgrad_gemm, its
-    scratch from the graph's own memory pool) inside the captured update: replay gives the eager
-    updates, at a stacked batch size and past the stacking threshold."""
+def test_graph_replay_through_wgrad_gemm_equals_eager_updates(monkeypatch):
+    """The default network under TF32 (its GLU blocks' weight gradients through wgrad_gemm and the
+    heads' through wgrad_gemm_sets, here from any batch size, their scratch from the graph's own
+    memory pool) inside the captured update: replay gives the eager updates, at a stacked batch size
+    and past the stacking threshold."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
     from foxhunt_core.graphs import GraphedUpdate
+    from foxhunt_core.net import fused
+
+    monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)
 
     if not K.wgrad_gemm_supported(260):
         pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
