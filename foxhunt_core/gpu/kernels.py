@@ -555,6 +555,17 @@ def glu_gemm_supported(H: int | None = None) -> bool:
     return compute_capability() == "90" and (H is None or H % GLU_GEMM_COLS == 0)
 
 
+def _tc_operands(k: str, names: str, arrays: Sequence[Any]) -> None:
+    """The checks every tensor-core kernel's wrapper starts with: ``arrays`` (called ``names`` in
+    the message) are 2-D CuPy arrays, and the device has wgmma (:func:`glu_gemm_supported`)."""
+    import cupy
+
+    if not all(isinstance(x, cupy.ndarray) and x.ndim == 2 for x in arrays):
+        raise ValueError(f"{k}: {names} must be 2-D CuPy arrays")
+    if not glu_gemm_supported():
+        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+
+
 def transpose(w: Array, *, out: Array | None = None) -> Array:
     """``w.T`` rounded to TF32 (to nearest, as cuBLAS rounds its TF32 operands) as a new row-major
     array (``out`` [N, K] may be a view with any row pitch): the weights as :func:`glu_gemm`
@@ -592,13 +603,9 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     (rounding in shared memory costs bandwidth the products need). Columns not so rounded would be
     truncated by the tensor cores. ``tf32_h``: h is written rounded to TF32 (to nearest), for
     readers that are TF32 GEMMs (:func:`linear_gemm` with ``rounded``)."""
-    import cupy
 
     k = "glu_gemm"
-    if not isinstance(u, cupy.ndarray) or u.ndim != 2 or not isinstance(w, cupy.ndarray) or w.ndim != 2:
-        raise ValueError(f"{k}: u and w must be 2-D CuPy arrays")
-    if not glu_gemm_supported():
-        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    _tc_operands(k, "u and w", (u, w))
     B, K = u.shape
     cols = w.shape[1]
     if w.shape[0] != K:
@@ -680,17 +687,13 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     of 4. ``rounded``: a's columns up to this one hold TF32 values already, rounded to nearest by
     their writer (:func:`glu_gemm` with ``tf32_h``; see its ``rounded``). ``tf32_out``: out is
     written rounded to TF32 (to nearest)."""
-    import cupy
 
     k = "linear_gemm"
     sets = len(a)
     if not 1 <= sets <= LINEAR_GEMM_SETS or len(wt) != sets or (out is not None and len(out) != sets) \
             or (bias is not None and len(bias) != sets):
         raise ValueError(f"{k}: 1 to {LINEAR_GEMM_SETS} sets of a, wt (and out, bias), got {sets} a, {len(wt)} wt")
-    if not all(isinstance(x, cupy.ndarray) and x.ndim == 2 for x in (*a, *wt)):
-        raise ValueError(f"{k}: a and wt must be 2-D CuPy arrays")
-    if not glu_gemm_supported():
-        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    _tc_operands(k, "a and wt", (*a, *wt))
     M, K = a[0].shape
     N = wt[0].shape[0]
     if N % 2 or K % 4 or K <= 0 or N <= 0:
@@ -783,16 +786,12 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> 
     ``[gate | value]`` pre-activations at column 2 H b, replaced by their gradients (in place;
     returned). Every matrix may be a view with a row pitch of a multiple of 4 floats, 16-byte
     aligned (TMA moves them); K a multiple of 4, H of 128."""
-    import cupy
 
     k = "glu_backward_gemm"
     sets = len(dadv)
     if not 1 <= sets <= GLU_BACKWARD_GEMM_SETS or len(wo) != sets:
         raise ValueError(f"{k}: 1 to {GLU_BACKWARD_GEMM_SETS} branches of dadv and wo, got {sets} dadv, {len(wo)} wo")
-    if not all(isinstance(x, cupy.ndarray) and x.ndim == 2 for x in (*dadv, *wo, pv)):
-        raise ValueError(f"{k}: dadv, wo and pv must be 2-D CuPy arrays")
-    if not glu_gemm_supported():
-        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    _tc_operands(k, "dadv, wo and pv", (*dadv, *wo, pv))
     M, Kd = dadv[0].shape
     H = wo[0].shape[0]
     if H % GLU_GEMM_COLS or Kd % 4 or Kd <= 0:
@@ -868,10 +867,7 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
     import cupy
 
     k = "wgrad_gemm"
-    if not isinstance(xt, cupy.ndarray) or xt.ndim != 2 or not isinstance(y, cupy.ndarray) or y.ndim != 2:
-        raise ValueError(f"{k}: xt and y must be 2-D CuPy arrays")
-    if not glu_gemm_supported():
-        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    _tc_operands(k, "xt and y", (xt, y))
     N, K = xt.shape
     M = y.shape[1]
     if y.shape[0] != K:
@@ -944,10 +940,7 @@ def wgrad_gemm_sets(x: Sequence[Array], y: Sequence[Array], out: Sequence[Array]
     sets = len(x)
     if not 1 <= sets <= WGRAD_SETS or len(y) != sets or len(out) != sets:
         raise ValueError(f"{k}: 1 to {WGRAD_SETS} sets of x, y and out, got {sets} x, {len(y)} y, {len(out)} out")
-    if not all(isinstance(a, cupy.ndarray) and a.ndim == 2 for a in (*x, *y, *out)):
-        raise ValueError(f"{k}: x, y and out must be 2-D CuPy arrays")
-    if not glu_gemm_supported():
-        raise RuntimeError(f"{k}: needs a compute capability 9.0 GPU (wgmma)")
+    _tc_operands(k, "x, y and out", (*x, *y, *out))
     K, N = x[0].shape
     M = y[0].shape[1]
     if not 256 < N <= WGRAD_GEMM_ROWS:

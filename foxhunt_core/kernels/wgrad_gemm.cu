@@ -116,6 +116,18 @@ struct FragOffsets {
     }
 };
 
+// The consumers' start in both kernels: their registers taken (232 each, what the producer
+// warpgroup gave up), this thread's D rows in the tile (m and m + 8: warpgroup wg takes y's columns
+// 64 wg .. + 63), q (its lane's column pair in each 8), its fragment offsets, its accumulators zeroed.
+__device__ __forceinline__ FragOffsets consumer_start(int warp, int lane, float* acc, int& m, int& q) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    q = lane & 3;
+    m = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < WG_N / 2 + WG_NT / 2; ++i) acc[i] = 0.0f;
+    return FragOffsets(m, q);
+}
+
 // This thread's partial D, transposed into out's layout at p (row n of out at p + n Mp): rows m and
 // m + 8 of D (p and p + 8), columns 8 j + 2 q (+ 1) and the tail's WG_N + 2 q (+ 1).
 __device__ __forceinline__ void store_partial(float* p, const float* acc, int q, int Mp) {
@@ -125,6 +137,26 @@ __device__ __forceinline__ void store_partial(float* p, const float* acc, int q,
         for (int e = 0; e < 4; ++e) p[(size_t)(8 * j + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[4 * j + e];
 #pragma unroll
     for (int e = 0; e < 4; ++e) p[(size_t)(WG_N + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[WG_N / 2 + e];
+}
+
+// The producer warpgroup of both kernels: it gives its registers up to the consumers (40 each; the
+// consumers take 232: the 384 threads' 168 each as launched, 64512 of the SM's 65536 in all), and
+// its first lane streams the slice's chunks: y's 32 x 128 block as four boxes, then x's by
+// `load_x(sx, bar, k)`.
+template <class LoadX>
+__device__ __forceinline__ void wgrad_produce(Ring& ring, int warp, int lane, int chunks, int k0, int m0,
+                                              const TensorMap* map_y, LoadX load_x) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp == TC_CONSUMER_WARPS && lane == 0)
+        for (int kc = 0; kc < chunks; ++kc, ring.advance()) {
+            const unsigned bar = ring_acquire(ring), sy = ring.at();
+            const int k = k0 + kc * TC_BK;
+#pragma unroll
+            for (int b = 0; b < TC_BM / 32; ++b) tma_load(sy + b * 4096, map_y, bar, m0 + 32 * b, k);
+            load_x(sy + WG_TILE_Y, bar, k);
+        }
+    __syncwarp();
+    cluster_sync();
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -141,33 +173,19 @@ wgrad_gemm(const __grid_constant__ TensorMap map_y, const __grid_constant__ Tens
     const int chunks = (min(K, k0 + k_split) - k0 + TC_BK - 1) / TC_BK;
     ring_init(ring, 1, tid);
 
-    // Registers go where the accumulators are: 40 each for the producer warpgroup, 232 for the
-    // consumers (the 384 threads' 168 each as launched; 64512 of the SM's 65536 in all).
-    if (warp >= TC_CONSUMER_WARPS) {  // the producer warpgroup: its first lane issues the loads
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (warp == TC_CONSUMER_WARPS && lane == 0)
-            for (int kc = 0; kc < chunks; ++kc, ring.advance()) {
-                const unsigned bar = ring_acquire(ring), sy = ring.at(), sx = sy + WG_TILE_Y;
-                const int k = k0 + kc * TC_BK;
+    if (warp >= TC_CONSUMER_WARPS) {  // the producer warpgroup
+        wgrad_produce(ring, warp, lane, chunks, k0, m0, &map_y, [&](unsigned sx, unsigned bar, int k) {
 #pragma unroll
-                for (int b = 0; b < TC_BM / 32; ++b) tma_load(sy + b * 4096, &map_y, bar, m0 + 32 * b, k);
-#pragma unroll
-                for (int b = 0; b < WG_ROWS / WG_BOX_ROWS; ++b)
-                    tma_load(sx + b * WG_BOX_ROWS * 128, &map_xt, bar, k, b * WG_BOX_ROWS);
-            }
-        __syncwarp();
-        cluster_sync();
+            for (int b = 0; b < WG_ROWS / WG_BOX_ROWS; ++b)
+                tma_load(sx + b * WG_BOX_ROWS * 128, &map_xt, bar, k, b * WG_BOX_ROWS);
+        });
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    // The consumers: warpgroup wg takes y's columns m0 + 64 wg .. + 63 (D's rows).
-    const int wg = warp >> 2, g = lane >> 2, q = lane & 3;
-    const int m = 64 * wg + 16 * (warp & 3) + g;  // this thread's D rows in the tile: m and m + 8
-    const FragOffsets fo(m, q);
+    // The consumers.
     float acc[WG_N / 2 + WG_NT / 2];
-#pragma unroll
-    for (int i = 0; i < WG_N / 2 + WG_NT / 2; ++i) acc[i] = 0.0f;
+    int m, q;
+    const FragOffsets fo = consumer_start(warp, lane, acc, m, q);
     // Two sets of fragment registers: a chunk's in flight while the next one's load. After chunk
     // kc's products are issued the previous chunk's are done: its stage goes back to the producer.
     unsigned a0[4 * TC_BK / 8], a1[4 * TC_BK / 8];
@@ -258,29 +276,17 @@ wgrad_gemm_tx(const __grid_constant__ WgradSets args, float* __restrict__ part, 
     const int chunks = (min(K, k0 + k_split) - k0 + TC_BK - 1) / TC_BK;
     ring_init(ring, 1, tid);
 
-    if (warp >= TC_CONSUMER_WARPS) {  // the producer warpgroup: its first lane issues the loads
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (warp == TC_CONSUMER_WARPS && lane == 0)
-            for (int kc = 0; kc < chunks; ++kc, ring.advance()) {
-                const unsigned bar = ring_acquire(ring), sy = ring.at(), sx = sy + WG_TILE_Y;
-                const int k = k0 + kc * TC_BK;
+    if (warp >= TC_CONSUMER_WARPS) {  // the producer warpgroup
+        wgrad_produce(ring, warp, lane, chunks, k0, m0, &args.y[set], [&](unsigned sx, unsigned bar, int k) {
 #pragma unroll
-                for (int b = 0; b < TC_BM / 32; ++b) tma_load(sy + b * 4096, &args.y[set], bar, m0 + 32 * b, k);
-#pragma unroll
-                for (int b = 0; b < WT_RAW_BOXES; ++b) tma_load(sx + b * 4096, &args.x[set], bar, 32 * b, k);
-            }
-        __syncwarp();
-        cluster_sync();
+            for (int b = 0; b < WT_RAW_BOXES; ++b) tma_load(sx + b * 4096, &args.x[set], bar, 32 * b, k);
+        });
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    const int wg = warp >> 2, g = lane >> 2, q = lane & 3;
-    const int m = 64 * wg + 16 * (warp & 3) + g;  // this thread's D rows in the tile: m and m + 8
-    const FragOffsets fo(m, q);
     float acc[WG_N / 2 + WG_NT / 2];
-#pragma unroll
-    for (int i = 0; i < WG_N / 2 + WG_NT / 2; ++i) acc[i] = 0.0f;
+    int m, q;
+    const FragOffsets fo = consumer_start(warp, lane, acc, m, q);
     // Per chunk, k step by k step: the step's four fragment registers loaded (two sets, alternating:
     // a step's in flight while the next one's load), its products issued; after the first step's,
     // the next chunk's stage awaited and transposed into the other buffer (the previous chunk's

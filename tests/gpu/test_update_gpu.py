@@ -151,6 +151,21 @@ def _glu_net_settings():
     return RunSettings(net=net, train=TrainSettings(lr=1e-3, tf32=True))
 
 
+def _paired_agents(cp, settings):
+    """A CPU agent and a GPU agent of ``settings`` with the same parameters, the target network
+    other than the online one; and the random generator that made them."""
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    cpu = Agent(settings, PluginSet(), np, np.random.default_rng(seed))
+    gpu = Agent(settings, PluginSet(), cp, np.random.default_rng(seed))
+    for o, s in cpu.online.items():
+        for k, v in s.items():
+            cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
+            gpu.online[o][k][...] = cp.asarray(v)
+            gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+    return rng, cpu, gpu
+
+
 def _glu_agents(cp, monkeypatch):
     """A CPU agent and a GPU agent with the same parameters (the target network other than the
     online one), the GPU under TF32, and a record of the glu_gemm, linear_gemm and glu_backward_gemm
@@ -160,17 +175,7 @@ def _glu_agents(cp, monkeypatch):
 
     if not K.glu_gemm_supported(128):
         pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
-    rng = np.random.default_rng()
-    seed = int(rng.integers(1 << 30))
-    cpu = Agent(_glu_net_settings(), PluginSet(), np, np.random.default_rng(seed))
-    for o, s in cpu.online.items():
-        for k, v in s.items():
-            cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
-    gpu = Agent(_glu_net_settings(), PluginSet(), cp, np.random.default_rng(seed))
-    for o, s in cpu.online.items():
-        for k, v in s.items():
-            gpu.online[o][k][...] = cp.asarray(v)
-            gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+    rng, cpu, gpu = _paired_agents(cp, _glu_net_settings())
     calls = []  # ("glu_gemm" | "linear_gemm" | "glu_backward_gemm", ...) per call
     for name in ("glu_gemm", "linear_gemm", "glu_backward_gemm"):
         real = getattr(K, name)
@@ -282,15 +287,7 @@ def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypat
 
     if not K.wgrad_gemm_supported(260):
         pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
-    rng = np.random.default_rng()
-    seed = int(rng.integers(1 << 30))
-    cpu = Agent(_default_tf32_settings(), PluginSet(), np, np.random.default_rng(seed))
-    gpu = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed))
-    for o, s in cpu.online.items():
-        for k, v in s.items():
-            cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
-            gpu.online[o][k][...] = cp.asarray(v)
-            gpu.target[o][k][...] = cp.asarray(cpu.target[o][k])
+    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
     from foxhunt_core.net import fused
 
     monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)  # the heads' as from 32768 rows, here at 2048
