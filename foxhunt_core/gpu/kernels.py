@@ -32,7 +32,8 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   a tile of 128 rows per two consumer warpgroups. ``transpose``: the weights transposed and
   rounded to TF32 as both read them. ``wgrad_gemm``: ``reference.wgrad_gemm`` (a weight gradient
   over the batch, its operand A from registers); a CTA per 128 output columns and slice of the
-  batch, then a thread per element sums the slices. ``glu_backward_gemm``:
+  batch, then a thread per element sums the slices; ``wgrad_gemm_sets`` likewise for up to four
+  products at once, the batch-major input transposed in shared memory. ``glu_backward_gemm``:
   ``reference.glu_backward_gemm`` (the heads' input gradient and the GLU's backward in its
   epilogue); a CTA per SM, a tile of 128 rows and 128 GLU columns. ``round_tf32``: a thread per
   element.
@@ -603,7 +604,6 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     (rounding in shared memory costs bandwidth the products need). Columns not so rounded would be
     truncated by the tensor cores. ``tf32_h``: h is written rounded to TF32 (to nearest), for
     readers that are TF32 GEMMs (:func:`linear_gemm` with ``rounded``)."""
-
     k = "glu_gemm"
     _tc_operands(k, "u and w", (u, w))
     B, K = u.shape
@@ -687,7 +687,6 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     of 4. ``rounded``: a's columns up to this one hold TF32 values already, rounded to nearest by
     their writer (:func:`glu_gemm` with ``tf32_h``; see its ``rounded``). ``tf32_out``: out is
     written rounded to TF32 (to nearest)."""
-
     k = "linear_gemm"
     sets = len(a)
     if not 1 <= sets <= LINEAR_GEMM_SETS or len(wt) != sets or (out is not None and len(out) != sets) \
@@ -786,7 +785,6 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> 
     ``[gate | value]`` pre-activations at column 2 H b, replaced by their gradients (in place;
     returned). Every matrix may be a view with a row pitch of a multiple of 4 floats, 16-byte
     aligned (TMA moves them); K a multiple of 4, H of 128."""
-
     k = "glu_backward_gemm"
     sets = len(dadv)
     if not 1 <= sets <= GLU_BACKWARD_GEMM_SETS or len(wo) != sets:
