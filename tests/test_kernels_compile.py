@@ -84,9 +84,18 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
                 assert value.replace(" ", "") == DEFAULT_DEFINES[name], f"{_rel(cu)}: default of {name}"
 
 
+# linear_gemm.cu's dueling epilogue (heads_dueling) for the layouts of its GPU tests: the default
+# (three rows at once), 21 atoms (one per lane), 64 and 101 (two and four per lane), branches of 4
+# actions (two rows at once) and of 12 (one row at a time, dueling_row).
+DUELING_LAYOUTS = [{"LG_DUELING": "1", **branch_defines(offs, n, head_align=4)}
+                   for n, offs in ((51, (0, 3, 6, 9, 12)), (21, (0, 2, 4, 6)), (64, (0, 2, 4)), (101, (0, 1, 2, 3)),
+                                   (33, (0, 4, 8)), (11, (0, 12, 24)))]
+
+
 @needs_nvcc
 @pytest.mark.parametrize("defines", [{}, {"LG_RELU": "1", "LG_ROUND_OUT": "1"}, {"LG_TAIL_STEPS": "1"},
-                                     {"LG_STAGES": "3"}, {"LG_CLUSTER": "2"}, {"LG_CLUSTER": "4"}], ids=str)
+                                     {"LG_STAGES": "3"}, {"LG_CLUSTER": "2"}, {"LG_CLUSTER": "4"}, *DUELING_LAYOUTS],
+                         ids=lambda d: str({k: v for k, v in d.items() if k.startswith(("LG", "NUM_A"))}))
 def test_linear_gemm_compiles_unserialized_without_spills(defines: dict, tmp_path: Path) -> None:
     """linear_gemm.cu's variants through ptxas: no serialized wgmma (C7520), nothing spilled."""
     msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "linear_gemm.cu", defines, tmp_path, cubin=True)
@@ -186,7 +195,9 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     assert int(defaults["LG_BRANCHES"]) == K.LINEAR_GEMM_SETS
     size = 3 * K.LINEAR_GEMM_SETS * 128 + 8 * K.LINEAR_GEMM_SETS  # sizeof(LinearArgs): maps, bias pointers
     assert K.LINEAR_ARGS.itemsize == -(-size // 64) * 64  # (__align__(64))
-    assert K._linear_gemm_smem() <= 227 * 1024 and K._glu_gemm_smem() <= 227 * 1024  # an H100/H200 block's most
+    assert int(defaults["LG_DUELING_WARPS"]) == K.LINEAR_GEMM_DUELING_WARPS
+    assert K._linear_gemm_smem(dueling=True) <= 227 * 1024  # an H100/H200 block's most
+    assert K._linear_gemm_smem() <= 227 * 1024 and K._glu_gemm_smem() <= 227 * 1024
 
 
 @needs_nvcc

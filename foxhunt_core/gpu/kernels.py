@@ -29,14 +29,16 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
 - ``glu_gemm`` and ``linear_gemm`` (TF32 tensor-core GEMMs: TMA, wgmma, warp-specialized and
   persistent, ``tc_gemm.cuh``): ``reference.glu_gemm`` (the GLU layer, the gate in the GEMM's
   epilogue) and ``reference.linear_gemm`` (up to four linear layers per launch); a CTA per SM,
-  a tile of 128 rows per two consumer warpgroups. ``transpose``: the weights transposed and
-  rounded to TF32 as both read them. ``wgrad_gemm``: ``reference.wgrad_gemm`` (a weight gradient
-  over the batch, its operand A from registers); a CTA per 128 output columns and slice of the
-  batch, then a thread per element sums the slices; ``wgrad_gemm_sets`` likewise for up to four
-  products at once, the batch-major input transposed in shared memory. ``glu_backward_gemm``:
-  ``reference.glu_backward_gemm`` (the heads' input gradient and the GLU's backward in its
-  epilogue); a CTA per SM, a tile of 128 rows and 128 GLU columns. ``round_tf32``: a thread per
-  element.
+  a tile of 128 rows per two consumer warpgroups. ``heads_dueling``: ``linear_gemm`` over the
+  advantage heads and the dueling forward of ``dueling_softmax_forward`` from the staged tiles,
+  by seven dueling warps per CTA beside the consumers (a warp per row, three rows at once).
+  ``transpose``: the weights transposed and rounded to TF32 as both read them. ``wgrad_gemm``:
+  ``reference.wgrad_gemm`` (a weight gradient over the batch, its operand A from registers); a
+  CTA per 128 output columns and slice of the batch, then a thread per element sums the slices;
+  ``wgrad_gemm_sets`` likewise for up to four products at once, the batch-major input transposed
+  in shared memory. ``glu_backward_gemm``: ``reference.glu_backward_gemm`` (the heads' input
+  gradient and the GLU's backward in its epilogue); a CTA per SM, a tile of 128 rows and 128 GLU
+  columns. ``round_tf32``: a thread per element.
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
@@ -105,6 +107,8 @@ __all__ = [
     "glu_forward",
     "glu_gemm",
     "glu_gemm_supported",
+    "heads_dueling",
+    "heads_dueling_fills",
     "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
@@ -144,6 +148,29 @@ def _dueling_grid(items: int, num_atoms: int, offsets: Sequence[int]) -> int:
     every warp the same number of items (the busiest warp sets the time)."""
     per_warp = max(1, -(-int(items) // (_dueling_blocks_per_sm(num_atoms, offsets) * sm_count() * WARPS)))
     return blocks_for(-(-int(items) // per_warp), WARPS)
+
+
+def _dueling_outputs(k: str, segs: Sequence[tuple[str, ...]], seg_rows: int, A: int, N: int, log_probs: Array | None,
+                     probs: Array | None, q: Array | None, var: Array | None) -> tuple:
+    """The dueling forward's per-segment wants as the kernels read them (3 bits a segment:
+    log_probs, probs, var) and its outputs, checked or made: log_probs, probs [r, A, N] and var
+    [r, A] with ``r`` the rows up to the last segment that wants each (None: none does), q over
+    every segment's rows."""
+    for w in segs:
+        unknown = set(w) - {"log_probs", "probs", "q", "var"}
+        if unknown:
+            raise ValueError(f"{k}: unknown outputs {sorted(unknown)} in want")
+    bits = {"log_probs": 1, "probs": 2, "var": 4}
+    seg_wants = sum(sum(bits.get(o, 0) for o in set(w)) << (3 * i) for i, w in enumerate(segs))
+
+    def rows_of(name: str) -> int:  # rows up to the last segment that wants the output
+        return max((i + 1 for i, w in enumerate(segs) if name in w), default=0) * seg_rows
+
+    log_probs = output(k, "log_probs", log_probs, (rows_of("log_probs"), A, N)) if rows_of("log_probs") else None
+    probs = output(k, "probs", probs, (rows_of("probs"), A, N)) if rows_of("probs") else None
+    q = output(k, "q", q, (len(segs) * seg_rows, A))
+    var = output(k, "var", var, (rows_of("var"), A)) if rows_of("var") else None
+    return seg_wants, log_probs, probs, q, var
 
 
 def dueling_softmax_forward(
@@ -205,26 +232,13 @@ def dueling_softmax_forward(
     segs = [tuple(want)] if segments is None else [tuple(w) for w in segments]
     if not segs or B % len(segs) or len(segs) > 10:
         raise ValueError(f"{k}: {len(segs)} segments do not split {B} rows evenly (at most 10)")
-    for w in segs:
-        unknown = set(w) - {"log_probs", "probs", "q", "var"}
-        if unknown:
-            raise ValueError(f"{k}: unknown outputs {sorted(unknown)} in want")
     seg_rows = B // len(segs)
-    bits = {"log_probs": 1, "probs": 2, "var": 4}
-    seg_wants = sum(sum(bits.get(o, 0) for o in set(w)) << (3 * i) for i, w in enumerate(segs))
-
-    def rows_of(name: str) -> int:  # rows up to the last segment that wants the output
-        return max((i + 1 for i, w in enumerate(segs) if name in w), default=0) * seg_rows
-
     v_pitch = _rows_view(k, "v", v, (B, pad_to(N, align)))
     if v_bias is not None:
         check_array(k, "v_bias", v_bias, F32, (N,))
     if adv_bias is not None:
         check_array(k, "adv_bias", adv_bias, F32, (A, N))
-    log_probs = output(k, "log_probs", log_probs, (rows_of("log_probs"), A, N)) if rows_of("log_probs") else None
-    probs = output(k, "probs", probs, (rows_of("probs"), A, N)) if rows_of("probs") else None
-    q = output(k, "q", q, (B, A))
-    var = output(k, "var", var, (rows_of("var"), A)) if rows_of("var") else None
+    seg_wants, log_probs, probs, q, var = _dueling_outputs(k, segs, seg_rows, A, N, log_probs, probs, q, var)
     zq_pitch = _rows_view(k, "zq", zq, (B, offs[1])) if zq is not None else 0
     fn = _kernel("dueling.cu", k, branch_defines(offs, N, align))
     grid = _dueling_grid(B * (d1 - d0), N, offs)
@@ -660,17 +674,21 @@ LINEAR_GEMM_COLS = 160  # linear_gemm.cu's tile: 128 rows x 160 columns (the wgm
 LINEAR_GEMM_STAGES = 4
 LINEAR_GEMM_CLUSTER = 1
 LINEAR_GEMM_SETS = 4  # operand sets per launch, at most (LG_BRANCHES)
+LINEAR_GEMM_DUELING_WARPS = 7  # heads_dueling's dueling warps beside the consumers and the producer
+LINEAR_GEMM_DUELING_THREADS = GLU_GEMM_THREADS + 32 * LINEAR_GEMM_DUELING_WARPS  # (LG_THREADS)
 # linear_gemm.cu's LinearArgs: every set's three tensor maps, then its bias pointer (64-byte aligned).
 LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias", np.uint64, (LINEAR_GEMM_SETS,)),
                         ("pad", np.uint64, (-LINEAR_GEMM_SETS % 8,))])
 
 
-def _linear_gemm_smem() -> int:
+def _linear_gemm_smem(dueling: bool = False) -> int:
     """Bytes of shared memory of linear_gemm.cu: its stages (16 KiB of A and 20 KiB of weights
-    each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage, the alignment
-    (224 KiB with 4 stages: a Hopper block may have 227)."""
+    each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage (and with the
+    dueling epilogue two for the staged tile), the alignment (224 KiB with 4 stages: a Hopper
+    block may have 227)."""
     boxes = -(-LINEAR_GEMM_COLS // 32)
-    return LINEAR_GEMM_STAGES * (16384 + LINEAR_GEMM_COLS * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES + 1024
+    return (LINEAR_GEMM_STAGES * (16384 + LINEAR_GEMM_COLS * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES
+            + 16 * dueling + 1024)
 
 
 def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | None = None, *,
@@ -688,10 +706,22 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     their writer (:func:`glu_gemm` with ``tf32_h``; see its ``rounded``). ``tf32_out``: out is
     written rounded to TF32 (to nearest)."""
     k = "linear_gemm"
+    M, K, N = _linear_operands(k, a, wt, bias, rounded)
+    if out is not None and len(out) != len(a):
+        raise ValueError(f"{k}: {len(out)} outputs for {len(a)} sets of a")
+    outs = [_view_out(k, f"out[{i}]", None if out is None else out[i], (M, N))[0] for i in range(len(a))]
+    if M:
+        _linear_launch(k, a, wt, outs, bias, (M, K, N), rounded,
+                       {"LG_RELU": int(bool(relu)), "LG_ROUND_OUT": int(bool(tf32_out))})
+    return outs
+
+
+def _linear_operands(k: str, a: Sequence[Array], wt: Sequence[Array], bias: Sequence[Array | None] | None,
+                     rounded: int) -> tuple[int, int, int]:
+    """linear_gemm's operands checked (see :func:`linear_gemm`): ``(M, K, N)``."""
     sets = len(a)
-    if not 1 <= sets <= LINEAR_GEMM_SETS or len(wt) != sets or (out is not None and len(out) != sets) \
-            or (bias is not None and len(bias) != sets):
-        raise ValueError(f"{k}: 1 to {LINEAR_GEMM_SETS} sets of a, wt (and out, bias), got {sets} a, {len(wt)} wt")
+    if not 1 <= sets <= LINEAR_GEMM_SETS or len(wt) != sets or (bias is not None and len(bias) != sets):
+        raise ValueError(f"{k}: 1 to {LINEAR_GEMM_SETS} sets of a, wt (and bias), got {sets} a, {len(wt)} wt")
     _tc_operands(k, "a and wt", (*a, *wt))
     M, K = a[0].shape
     N = wt[0].shape[0]
@@ -699,40 +729,135 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
         raise ValueError(f"{k}: needs N even and K a positive multiple of 4; got N {N}, K {K}")
     if not 0 <= rounded <= K:
         raise ValueError(f"{k}: rounded {rounded} outside 0..{K} (a's columns)")
-    outs = []
     for i in range(sets):
         _rows_view(k, f"a[{i}]", a[i], (M, K))
         _rows_view(k, f"wt[{i}]", wt[i], (N, K))
-        outs.append(_view_out(k, f"out[{i}]", None if out is None else out[i], (M, N))[0])
         b = None if bias is None else bias[i]
         if b is not None:
             check_array(k, f"bias[{i}]", b, F32, (N,))
             if b.data.ptr % 8:
                 raise ValueError(f"{k}: bias[{i}] needs 8-byte alignment")
-    if M == 0:
-        return outs
+    return M, K, N
+
+
+def _linear_launch(k: str, a: Sequence[Array], wt: Sequence[Array], outs: Sequence[Array] | None,
+                   bias: Sequence[Array | None] | None, mkn: tuple[int, int, int], rounded: int,
+                   defines: dict[str, Any], extra: tuple = ()) -> None:
+    """linear_gemm.cu's launch over checked operands (``outs`` None: no output maps, for the
+    dueling epilogue that writes none); ``defines`` and ``extra`` arguments pick a variant."""
+    M, K, N = mkn
+    sets = len(a)
     c = LINEAR_GEMM_CLUSTER
     args = np.zeros(1, dtype=LINEAR_ARGS)
     for i in range(sets):
         args["maps"][0, i] = tma.matrix_map(k, f"a[{i}]", a[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
         args["maps"][0, LINEAR_GEMM_SETS + i] = tma.matrix_map(
             k, f"wt[{i}]", wt[i], GLU_GEMM_BOX_K, LINEAR_GEMM_COLS // c)["opaque"][0]
-        args["maps"][0, 2 * LINEAR_GEMM_SETS + i] = tma.matrix_map(
-            k, f"out[{i}]", outs[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
+        if outs is not None:
+            args["maps"][0, 2 * LINEAR_GEMM_SETS + i] = tma.matrix_map(
+                k, f"out[{i}]", outs[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
         b = None if bias is None else bias[i]
         args["bias"][0, i] = 0 if b is None else b.data.ptr
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
-    fn = _kernel("linear_gemm.cu", k, {"LG_STAGES": LINEAR_GEMM_STAGES, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail,
-                                       "LG_RELU": int(bool(relu)), "LG_ROUND_OUT": int(bool(tf32_out))})
-    smem = _linear_gemm_smem()
+    fn = _kernel("linear_gemm.cu", "linear_gemm",
+                 {"LG_STAGES": LINEAR_GEMM_STAGES, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail, **defines})
+    dueling = bool(defines.get("LG_DUELING"))
+    threads = LINEAR_GEMM_DUELING_THREADS if dueling else GLU_GEMM_THREADS
+    smem = _linear_gemm_smem(dueling)
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
     groups = sets * -(-N // LINEAR_GEMM_COLS) * -(-M // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
-    clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
-    fn((clusters * c,), (GLU_GEMM_THREADS,), (args, i32(M), i32(K), i32(N), i32(sets), i32(rounded)),
+    clusters = min(groups, tma.max_active_clusters(k, fn, threads, smem, c))  # all resident (persistent)
+    fn((clusters * c,), (threads,), (args, i32(M), i32(K), i32(N), i32(sets), i32(rounded), *extra),
        shared_mem=smem)
-    return outs
+
+
+def heads_dueling_fills(rows: int, sets: int) -> bool:
+    """Whether :func:`heads_dueling` over ``rows`` rows of ``sets`` heads has a tile (128 rows) for
+    every SM at least. With fewer, each busy CTA's seven dueling warps walk their 128 rows alone
+    while the other SMs idle, where dueling_softmax_forward spreads the rows over every SM's
+    warps."""
+    return sets * -(-rows // GLU_GEMM_ROWS) >= sm_count()
+
+
+# linear_gemm.cu's DuelingArgs (LG_DUELING): v, z, the outputs (dueling_row.cuh's DuelingOutputs),
+# then the epilogue's sizes.
+DUELING_ARGS = np.dtype([("v", np.uint64), ("z", np.uint64), ("log_probs", np.uint64), ("probs", np.uint64),
+                         ("q", np.uint64), ("var", np.uint64), ("zq", np.uint64), ("zq_pitch", np.int32),
+                         ("zq_scale", np.float32), ("v_pitch", np.int32), ("branch0", np.int32),
+                         ("duel_rows", np.int32), ("seg_rows", np.int32), ("seg_wants", np.int32),
+                         ("store_out", np.int32)], align=True)
+
+
+def heads_dueling(
+    a: Sequence[Array],
+    wt: Sequence[Array],
+    v: Array,
+    z: Array,
+    offsets: Sequence[int],
+    *,
+    branches: tuple[int, int],
+    segments: Sequence[Sequence[str]],
+    seg_rows: int,
+    bias: Sequence[Array | None] | None = None,
+    adv: Sequence[Array] | None = None,
+    log_probs: Array | None = None,
+    probs: Array | None = None,
+    q: Array | None = None,
+    var: Array | None = None,
+    zq: Array | None = None,
+    zq_scale: float = 1.0,
+    rounded: int = 0,
+) -> tuple[Array | None, Array | None, Array, Array | None]:
+    """The advantage heads of ``branches`` ``(d0, d1)`` and the dueling forward over them in one
+    launch: :func:`linear_gemm` (one set per branch: ``a[i]`` [M, K] branch ``d0 + i``'s GLU
+    output, ``wt[i]`` its [n, K] transposed weights, n its block of the padded advantage row,
+    :func:`.launch.head_columns`, at most :data:`LINEAR_GEMM_COLS`; ``bias[i]`` [n] or None) with
+    :func:`dueling_softmax_forward` of those branches (its ``segments``, ``log_probs`` .. ``zq``)
+    in the epilogue, over the rows of the ``segments`` (``seg_rows`` each, from row 0; ``M`` may
+    be more: those rows' heads are computed, their dueling not). ``v`` [M, N padded] the value
+    head (any row pitch), ``z`` [N] the support. ``adv[i]`` ([M, n] views, any row pitch of a
+    multiple of 4 floats): the heads are written there as well (a caller that reads them);
+    otherwise they never reach memory.
+
+    Returns ``(log_probs, probs, q, var)`` as :func:`dueling_softmax_forward`."""
+    k = "heads_dueling"
+    check_array(k, "z", z, F32, (None,))
+    N = z.shape[0]
+    offs = validate_offsets(k, offsets, int(offsets[-1]) if len(offsets) else 0)
+    A, D = offs[-1], len(offs) - 1
+    d0, d1 = branches
+    if not 0 <= d0 < d1 <= D or len(a) != d1 - d0:
+        raise ValueError(f"{k}: branches {branches} outside 0..{D} or not one set of a each ({len(a)} sets)")
+    cols = head_columns(offs, N, HEAD_ALIGN)
+    widths = {cols[d + 1] - cols[d] for d in range(d0, d1)}
+    if len(widths) != 1 or widths.pop() > LINEAR_GEMM_COLS:
+        raise ValueError(f"{k}: the branches' advantage blocks must be of one width, at most {LINEAR_GEMM_COLS} "
+                         f"columns; got {[cols[d + 1] - cols[d] for d in range(d0, d1)]}")
+    M, K, n = _linear_operands(k, a, wt, bias, rounded)
+    if n != cols[d0 + 1] - cols[d0]:
+        raise ValueError(f"{k}: wt has {n} rows, branch {d0}'s advantage block {cols[d0 + 1] - cols[d0]} columns")
+    segs = [tuple(w) for w in segments]
+    if not 1 <= len(segs) <= 10 or seg_rows <= 0 or len(segs) * seg_rows > M:
+        raise ValueError(f"{k}: {len(segs)} segments of {seg_rows} rows (1 to 10 segments within the {M} rows)")
+    duel_rows = len(segs) * seg_rows
+    v_pitch = _rows_view(k, "v", v, (M, pad_to(N, HEAD_ALIGN)))
+    seg_wants, log_probs, probs, q, var = _dueling_outputs(k, segs, seg_rows, A, N, log_probs, probs, q, var)
+    zq_pitch = _rows_view(k, "zq", zq, (duel_rows, offs[1])) if zq is not None else 0
+    outs = None
+    if adv is not None:
+        if len(adv) != len(a):
+            raise ValueError(f"{k}: {len(adv)} adv outputs for {len(a)} sets")
+        outs = [_view_out(k, f"adv[{i}]", x, (M, n))[0] for i, x in enumerate(adv)]
+    if M == 0:
+        return log_probs, probs, q, var
+    ptr = [0 if x is None else x.data.ptr for x in (v, z, log_probs, probs, q, var, zq)]
+    du = np.array([(*ptr, zq_pitch, zq_scale, v_pitch, d0, duel_rows, seg_rows, seg_wants, int(outs is not None))],
+                  dtype=DUELING_ARGS)
+    _linear_launch(k, a, wt, outs, bias, (M, K, n), rounded,
+                   {"LG_RELU": 0, "LG_ROUND_OUT": 0, "LG_DUELING": 1, **branch_defines(offs, N, HEAD_ALIGN)}, (du,))
+    return log_probs, probs, q, var
 
 
 GLU_BACKWARD_GEMM_SETS = 3  # branches per launch, at most (GB_SETS)

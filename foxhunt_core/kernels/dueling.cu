@@ -27,12 +27,8 @@
 // 256 threads per SM, fewer for few rows) and load the next rows' inputs while they work on one.
 // Sample and row indices are 32-bit (B D < 2^32), element offsets 64-bit.
 
-#include "sizes.cuh"
+#include "dueling_row.cuh"
 
-#define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
-#define FULL_MASK 0xffffffffu
-// Actions whose softmax sums one warp_spread reduces at once (three sums each, at most 32 values).
-#define SPREAD_ACTIONS (MAX_BRANCH_SIZE < 10 ? MAX_BRANCH_SIZE : 10)
 // Blocks of 256 threads per SM that __launch_bounds__ guarantees the two row kernels, from the
 // floats a lane keeps per row (a row's logits, exps and the next row's inputs, the sums of up to
 // SPREAD_ACTIONS actions): 64 registers for the default 51 atoms in branches of 3, then 80, 128
@@ -41,8 +37,6 @@
 #define DUELING_LANE_FLOATS (3 * ATOMS_PER_LANE * MAX_BRANCH_SIZE + 3 * SPREAD_ACTIONS)
 #define DUELING_BLOCKS_PER_SM \
     (DUELING_LANE_FLOATS <= 27 ? 4 : DUELING_LANE_FLOATS <= 36 ? 3 : DUELING_LANE_FLOATS <= 60 ? 2 : 1)
-#define LOG2E 1.44269504f
-#define LN2 0.693147181f
 
 #ifndef ADV_COLUMNS
 #define ADV_COLUMNS {0, 153, 306, 459, 612}
@@ -51,118 +45,8 @@
 #define V_COLUMNS 51
 #endif
 
-__constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
 __constant__ int kAdvColumns[NUM_BRANCHES + 1] = ADV_COLUMNS;
 __constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
-
-// Whether every branch has MAX_BRANCH_SIZE actions (the default layout): then the row kernels
-// know a branch's size at compile time and test no action against it.
-__host__ __device__ constexpr bool uniform_branches() {
-    constexpr int offsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
-    for (int d = 0; d < NUM_BRANCHES; ++d)
-        if (offsets[d + 1] - offsets[d] != MAX_BRANCH_SIZE) return false;
-    return true;
-}
-__device__ __forceinline__ int branch_size(int d) {
-    return uniform_branches() ? MAX_BRANCH_SIZE : kBranchOffsets[d + 1] - kBranchOffsets[d];
-}
-
-// The SFU's approximations, one instruction each (the .ftz forms need no fix-up around them for
-// denormals, which libm's exp2f / log2f / 1/x add): 2^x and 1/x to a few ulp, log2 x to about
-// 2^-22 absolute. Here 2^x takes arguments <= 0 (a result below 2^-126 becomes 0), log2 and 1/x
-// a sum of exps in [1, N].
-__device__ __forceinline__ float ex2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float lg2_approx(float x) {
-    float y;
-    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float rcp_approx(float x) {
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-struct MaxOp {
-    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct AddOp {
-    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
-};
-
-// Warp reduction of M values per lane at once by recursive halving: at each step (lane offsets
-// 16, 8, ..., 1) a lane keeps half of its values -- the upper half where its offset bit is set,
-// padded with `pad` -- combines them with its partner's copy of that half and sends the partner
-// the other half, one shuffle per kept value; once a single value is left the steps are plain
-// butterflies. 9 values take 12 shuffles this way instead of 45. Afterwards each lane holds the
-// total of one value (spread_index), returned; value i is in lane spread_lane<M>(i), among others.
-template <int M, class Op>
-__device__ __forceinline__ float warp_spread(float (&x)[M], float pad, Op op) {
-    static_assert(M >= 1 && M <= 32, "warp_spread: one value per lane at the end");
-    const int lane = threadIdx.x & 31;
-    int m = M;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        if (m == 1) {
-            x[0] = op(x[0], __shfl_xor_sync(FULL_MASK, x[0], o));
-            continue;
-        }
-        const int h = (m + 1) >> 1;
-        const bool up = (lane & o) != 0;
-#pragma unroll
-        for (int t = 0; t < (M + 1) / 2; ++t) {
-            if (t < h) {
-                const float lo = x[t];
-                const float hi = t + h < m ? x[t + h] : pad;
-                x[t] = op(up ? hi : lo, __shfl_xor_sync(FULL_MASK, up ? lo : hi, o));
-            }
-        }
-        m = h;
-    }
-    return x[0];
-}
-
-// The value whose total lane `lane` holds after warp_spread<M>, or -1 (a padding value).
-template <int M>
-__device__ __forceinline__ int spread_index(int lane) {
-    int m = M, first = 0, count = M;  // the lane's values so far: [first, first + count)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        if (m > 1) {
-            const int h = (m + 1) >> 1;
-            if (lane & o) {
-                first += h;
-                count -= h;
-            } else {
-                count = min(count, h);
-            }
-            m = h;
-        }
-    }
-    return count > 0 ? first : -1;
-}
-
-// The lowest lane that holds the total of value i after warp_spread<M>.
-template <int M>
-__device__ __forceinline__ int spread_lane(int i) {
-    int m = M, lane = 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        if (m > 1) {
-            const int h = (m + 1) >> 1;
-            if (i >= h) {
-                lane |= o;
-                i -= h;
-            }
-            m = h;
-        }
-    }
-    return lane;
-}
 
 // Where the forward's grid-stride walk over rows (b, d) stands: the row's sample and its branch
 // counted from the first branch computed.
@@ -170,17 +54,9 @@ struct DuelingPos {
     unsigned b, d;
 };
 
-// What a forward row reads, loaded one row ahead of its turn. The padding atoms are not loaded.
-struct DuelingInputs {
-    float v[ATOMS_PER_LANE];
-    float adv[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
-};
-
-// logits[b, a, :] = v[b, :] + adv[b, a, :] - mean_{a' in branch(a)} adv[b, a', :]
-// log_probs = log_softmax(logits) over atoms, probs = exp(log_probs),
-// q = sum_j p_j z_j, var = max(sum_j p_j z_j^2 - q^2, 0).
-// Only branches [branch_begin, branch_end) are computed (the magnitude branch reads the
-// direction branch's Q, so the network may run the direction branch first).
+// The dueling forward (dueling_row.cuh) of rows (b, d) for the samples b < batch and branches
+// d in [branch_begin, branch_end) (the magnitude branch reads the direction branch's Q, so the
+// network may run the direction branch first), a warp per row.
 // v_bias / adv_bias (the value head's and the advantage layers' biases) are added as the
 // inputs are read, when given. log_probs, probs and var may be null: a forward that only needs
 // the expected Q (the bootstrap's action choice) skips their writes.
@@ -189,12 +65,6 @@ struct DuelingInputs {
 // 0 / 1 / 2 of (seg_wants >> 3 s) is set; every output is indexed by the row over all segments.
 // zq (optional, row pitch zq_pitch): the direction branch's (branch 0's) Q times zq_scale is
 // also written there: the magnitude branch's input columns in the augmented z.
-//
-// Per action, with y the logits in units of log2 less their maximum: e_j = 2^y_j, S = sum_j e_j,
-// p_j = e_j / S, log p_j = y_j ln 2 - ln S, q = sum_j e_j z_j / S, E[z^2] = sum_j e_j z_j^2 / S:
-// one exp per atom, and the sums of all the branch's actions reduced over the warp at once
-// (warp_spread), as are the maxima. The lanes that end up holding an action's sum e z write its
-// q, var and zq.
 extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling_softmax_forward(
     const float* __restrict__ v,          // [B, V_COLUMNS], rows v_pitch apart
     int v_pitch,
@@ -211,33 +81,14 @@ extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling
     int batch, int branch_begin, int branch_end, int seg_rows, int seg_wants)
 {
     constexpr int M = MAX_BRANCH_SIZE;
-    constexpr int G = SPREAD_ACTIONS;
     const int lane = threadIdx.x & 31;
     const unsigned warps = blockDim.x >> 5;
     const unsigned nbr = branch_end - branch_begin;
     const unsigned adv_pitch = kAdvColumns[NUM_BRANCHES];
-    const float neg_inf = __int_as_float(0xff800000);
-
     float zz[ATOMS_PER_LANE], zz2[ATOMS_PER_LANE];
-#pragma unroll
-    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-        const int j = lane + 32 * k;
-        zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
-        zz2[k] = zz[k] * zz[k];
-    }
-    // The sums of a group of G actions go into warp_spread as [S_0 .., sum e z .., sum e z^2 ..]
-    // (the last G only where var is written). The lane holding action t's sum e z writes its
-    // outputs; it fetches S_t and sum e z^2 from the lanes holding them. Per layout, 5-bit fields
-    // (registers are scarce in the loop): t + 1 (0: the lane holds no sum e z) and the lanes.
-    unsigned spread_lanes;
-    {
-        const int t2 = spread_index<2 * G>(lane) - G, t3 = spread_index<3 * G>(lane) - G;
-        const bool own2 = t2 >= 0 && t2 < G, own3 = t3 >= 0 && t3 < G;
-        spread_lanes = (own2 ? t2 + 1 : 0) | (own3 ? t3 + 1 : 0) << 5
-            | spread_lane<2 * G>(own2 ? t2 : 0) << 10 | spread_lane<3 * G>(own3 ? t3 : 0) << 15
-            | spread_lane<3 * G>(2 * G + (own3 ? t3 : 0)) << 20;
-    }
-    asm volatile("" : "+r"(spread_lanes));  // computed once, not again in the loop
+    dueling_support(z, lane, zz, zz2);
+    const unsigned spread_lanes = dueling_spread_lanes(lane);
+    const DuelingOutputs outs{log_probs, probs, q, var, zq, zq_pitch, zq_scale};
 
     const unsigned stride = gridDim.x * warps;
     const unsigned stride_b = stride / nbr, stride_d = stride % nbr;
@@ -283,123 +134,20 @@ extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling
             seg_end += seg_rows;
             wants >>= 3;
         }
-        const unsigned b = pos.b;
         const int d = branch_begin + (int)pos.d;
-        const int a0 = kBranchOffsets[d];
-        const int n = branch_size(d);
-        const bool want_lp = log_probs != nullptr && (wants & 1);
-        const bool want_p = probs != nullptr && (wants & 2);
-        const bool want_var = var != nullptr && (wants & 4);
-        const size_t out_row = (size_t)b * NUM_ACTIONS + a0;  // the branch's first action's row
-
-        // y: the logits in units of log2 (-inf at padding atoms and absent actions), later less
-        // their maximum: e = 2^y, log p = y ln 2 - ln S.
-        const float scale = LOG2E * rcp_approx((float)n);  // log2(e) / n
-        float y[M][ATOMS_PER_LANE];
+        if (v_bias != nullptr || adv_bias != nullptr) {
+            const int a0 = kBranchOffsets[d], n = branch_size(d);
 #pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int j = lane + 32 * k;
-            if (v_bias != nullptr && j < NUM_ATOMS) in.v[k] += v_bias[j];
-            float sum = 0.0f;
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                const int j = lane + 32 * k;
+                if (j >= NUM_ATOMS) continue;
+                if (v_bias != nullptr) in.v[k] += v_bias[j];
 #pragma unroll
-            for (int i = 0; i < M; ++i) {
-                if (i < n) {
-                    if (adv_bias != nullptr && j < NUM_ATOMS)
-                        in.adv[i][k] += adv_bias[(a0 + i) * NUM_ATOMS + j];
-                    sum = i == 0 ? in.adv[0][k] : sum + in.adv[i][k];
-                }
-            }
-            const float mean = sum * scale;  // the advantages' mean times log2(e)
-#pragma unroll
-            for (int i = 0; i < M; ++i)
-                y[i][k] = i < n && j < NUM_ATOMS ? fmaf(in.v[k] + in.adv[i][k], LOG2E, -mean) : neg_inf;
-        }
-
-#pragma unroll
-        for (int g0 = 0; g0 < M; g0 += G) {  // one group of G actions (the whole branch up to 10)
-            float mx[G];
-#pragma unroll
-            for (int t = 0; t < G; ++t) {
-                mx[t] = neg_inf;
-#pragma unroll
-                for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                    if (g0 + t < M) mx[t] = k == 0 ? y[g0 + t][0] : fmaxf(mx[t], y[g0 + t][k]);
-            }
-            const float mx_held = warp_spread(mx, neg_inf, MaxOp());
-            // e and this lane's part of the sums S and sum e z (padding atoms have e = 0 and z = 0).
-            float e[G][ATOMS_PER_LANE], s[2 * G];
-#pragma unroll
-            for (int t = 0; t < G; ++t) {
-                const int i = g0 + t;
-                const float mt = __shfl_sync(FULL_MASK, mx_held, spread_lane<G>(t));
-#pragma unroll
-                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                    e[t][k] = 0.0f;
-                    if (i < M && i < n) {
-                        y[i][k] -= mt;  // padding atoms stay at -inf and get e = 0
-                        e[t][k] = ex2_approx(y[i][k]);
-                    }
-                    s[t] = k == 0 ? e[t][0] : s[t] + e[t][k];
-                    s[G + t] = k == 0 ? e[t][0] * zz[0] : fmaf(e[t][k], zz[k], s[G + t]);
-                }
-            }
-            float held;  // after the warp sums: the total this lane holds
-            if (want_var) {
-                float s3[3 * G];
-#pragma unroll
-                for (int t = 0; t < G; ++t) {
-                    s3[t] = s[t];
-                    s3[G + t] = s[G + t];
-#pragma unroll
-                    for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                        s3[2 * G + t] = k == 0 ? e[t][0] * zz2[0] : fmaf(e[t][k], zz2[k], s3[2 * G + t]);
-                }
-                held = warp_spread(s3, 0.0f, AddOp());
-            } else {
-                held = warp_spread(s, 0.0f, AddOp());
-            }
-
-            if (want_lp || want_p) {
-                float lse[G], rs[G];
-#pragma unroll
-                for (int t = 0; t < G; ++t) {
-                    const int from = want_var ? spread_lane<3 * G>(t) : spread_lane<2 * G>(t);
-                    const float st = __shfl_sync(FULL_MASK, held, from);  // S of action g0 + t
-                    lse[t] = lg2_approx(st) * LN2;  // ln S
-                    rs[t] = rcp_approx(st);
-                }
-                const size_t o = (out_row + g0) * NUM_ATOMS + lane;  // atom `lane` of the group's first
-                if (want_lp) {
-#pragma unroll
-                    for (int t = 0; t < G; ++t)
-#pragma unroll
-                        for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                            if (g0 + t < M && g0 + t < n && lane + 32 * k < NUM_ATOMS)
-                                log_probs[o + t * NUM_ATOMS + 32 * k] = fmaf(y[g0 + t][k], LN2, -lse[t]);
-                }
-                if (want_p) {
-#pragma unroll
-                    for (int t = 0; t < G; ++t)
-#pragma unroll
-                        for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                            if (g0 + t < M && g0 + t < n && lane + 32 * k < NUM_ATOMS)
-                                probs[o + t * NUM_ATOMS + 32 * k] = e[t][k] * rs[t];
-                }
-            }
-            // E[Q], var and zq of the action whose sum e z this lane holds.
-            const unsigned lanes = want_var ? spread_lanes >> 5 : spread_lanes;
-            const int own = (int)(lanes & 31u) - 1;
-            const float s_own = __shfl_sync(FULL_MASK, held, (lanes >> 10) & 31u);
-            const float s2_own = want_var ? __shfl_sync(FULL_MASK, held, spread_lanes >> 20) : 0.0f;
-            if (own >= 0 && g0 + own < n) {
-                const int a = a0 + g0 + own;
-                const float rs = rcp_approx(s_own);
-                const float qa = held * rs;
-                q[(size_t)b * NUM_ACTIONS + a] = qa;
-                if (want_var) var[(size_t)b * NUM_ACTIONS + a] = fmaxf(s2_own * rs - qa * qa, 0.0f);
-                if (zq != nullptr && d == 0) zq[(size_t)b * (unsigned)zq_pitch + g0 + own] = qa * zq_scale;
+                for (int i = 0; i < M; ++i)
+                    if (i < n && adv_bias != nullptr) in.adv[i][k] += adv_bias[(a0 + i) * NUM_ATOMS + j];
             }
         }
+        dueling_row(in, lane, pos.b, d, wants, zz, zz2, spread_lanes, outs);
 
         pos = pos1;
         pos1 = advance(pos1);

@@ -21,12 +21,31 @@
 // stages the tile in shared memory and stores it with TMA while the next tile's products run. A's
 // first `rounded_k` columns may come rounded to TF32 by A's writer (glu_gemm with GW_ROUND_H).
 //
+// With LG_DUELING the sets are a network's advantage heads, set b branch branch0 + b (its block of
+// the advantage row: action a's atoms at columns a N ..), and the dueling forward
+// (dueling_row.cuh; NumPy twin: reference.py dueling_softmax_forward) of the tile's rows below
+// duel_rows runs from the staged tile, by LG_DUELING_WARPS dueling warps beside the consumers: the
+// consumers stage a tile, hand it over (tile_full) and go on to the next tile's products; the
+// dueling warps read the rows back, bring the value head v's rows from global memory (one group
+// ahead), write log_probs / probs / var (per segment of seg_rows rows, as seg_wants asks:
+// dueling.cu), q and the direction branch's zq, and hand the buffer back (tile_empty). The
+// advantage rows themselves reach memory only with store_out (a forward whose caller reads the
+// heads): the [rows, 624] round trip between linear_gemm and dueling_softmax_forward is what the
+// fusion saves. The dueling warps set the pace (the GEMM alone takes about a third of the time:
+// benchmarks/bench_kernels.py --only dueling).
+//
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py linear_gemm): the tensor maps
 // describe A_b [M, K], wt_b [N, K] and out_b [M, N] with boxes of 32 columns x 128 rows (wt:
 // LG_BN / LG_CLUSTER rows), 128-byte swizzle; N even; the biases 8-byte aligned.
 
 #include "activation.cuh"
 #include "tc_gemm.cuh"
+#ifndef LG_DUELING
+#define LG_DUELING 0                             // 1: the dueling forward in the epilogue
+#endif
+#if LG_DUELING
+#include "dueling_row.cuh"
+#endif
 
 #ifndef LG_BN
 #define LG_BN 160                                // columns per tile: the wgmma's N
@@ -45,6 +64,21 @@
 #endif
 #ifndef LG_ROUND_OUT
 #define LG_ROUND_OUT 0                           // 1: out written rounded to TF32 (for TF32 GEMMs to read as it is)
+#endif
+#if LG_DUELING
+// The consumer warps, the producer warp and the dueling warps: 512 threads, 128 registers each
+// (the consumers' products need 106; with 8 dueling warps ptxas allots 96). setmaxnreg would not
+// help: ptxas allots every warp's code the launch's count.
+#define LG_DUELING_WARPS 7
+// Rows a dueling warp takes at once (dueling_rows: their three sums per action in one reduction),
+// at most 3 (in 128 registers); one row at a time (dueling_row) for branches of more than ten actions.
+#define LG_DUELING_ROWS_FIT (32 / (3 * MAX_BRANCH_SIZE))
+#ifndef LG_DUELING_ROWS
+#define LG_DUELING_ROWS (LG_DUELING_ROWS_FIT > 3 ? 3 : LG_DUELING_ROWS_FIT < 1 ? 1 : LG_DUELING_ROWS_FIT)
+#endif
+#define LG_THREADS (TC_THREADS + 32 * LG_DUELING_WARPS)
+#else
+#define LG_THREADS TC_THREADS
 #endif
 #define LG_BRANCHES 4                            // operand sets per launch, at most
 #define LG_BR (LG_BN / LG_CLUSTER)               // rows of wt each CTA loads for all
@@ -65,8 +99,108 @@ struct __align__(64) LinearArgs {
     const float* bias[LG_BRANCHES];
 };
 
-extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(LG_CLUSTER, 1, 1)
-linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int branches, int rounded_k)
+#if LG_DUELING
+// The dueling epilogue's arguments (see the top), passed by value.
+struct DuelingArgs {
+    const float* v;  // [rows, N (padded)], rows v_pitch apart
+    const float* z;  // [N]
+    DuelingOutputs out;
+    int v_pitch, branch0, duel_rows, seg_rows, seg_wants, store_out;
+};
+
+// The dueling warps: warp w (0 .. LG_DUELING_WARPS - 1) of them takes rows w, w + LG_DUELING_WARPS,
+// ... of each tile the consumers stage (tile_full), LG_DUELING_ROWS at once (dueling_rows: one
+// warp has no other warps to hide its shuffles' and exponentials' latency behind, only the rows'
+// independent work), v's rows loading one group ahead (the tile's first two groups while they
+// wait), and hands the staging buffer back (tile_empty) once every row is read. The arguments it
+// reads in its loop are copied into registers first, and a row's segment found by walking the
+// boundaries (with the arguments read through the parameters' address and a division per row,
+// the kernel took 8% longer).
+__device__ __forceinline__ void dueling_warp(const DuelingArgs& du, const Schedule<LG_CLUSTER>& sched, int per_set,
+                                             int M, unsigned obuf, unsigned tile_full, unsigned tile_empty, int w,
+                                             int lane) {
+    constexpr int R = LG_DUELING_ROWS, W = LG_DUELING_WARPS;
+    // The arguments this warp reads in its loop, in registers (not re-read from the parameters).
+    const DuelingOutputs outs = du.out;
+    const float* const v = du.v;
+    const unsigned v_pitch = (unsigned)du.v_pitch;
+    const int seg_rows = du.seg_rows, seg_wants = du.seg_wants, branch0 = du.branch0;
+    float zz[ATOMS_PER_LANE], zz2[ATOMS_PER_LANE];
+    dueling_support(du.z, lane, zz, zz2);
+#if LG_DUELING_ROWS_FIT
+    const unsigned lanes = dueling_rows_lanes<R * MAX_BRANCH_SIZE>(lane);
+#else
+    const unsigned lanes = dueling_spread_lanes(lane);
+#endif
+    const int rows = min(du.duel_rows, M);
+    // v's atoms lane + 32 k of the R rows from tile row r (W apart), or nothing past the rows.
+    auto load_v = [&](int m0, int r, float (&vr)[R][ATOMS_PER_LANE]) {
+#pragma unroll
+        for (int u = 0; u < R; ++u) {
+            const int row = m0 + r + u * W;
+            if (r + u * W >= TC_BM || row >= rows) continue;
+            const float* src = v + (size_t)row * v_pitch;
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                if (lane + 32 * k < NUM_ATOMS) vr[u][k] = src[lane + 32 * k];
+        }
+    };
+    unsigned phase = 0;
+    for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
+        const int m0 = sched.row0(p);
+        const int d = branch0 + sched.col_tile(p) / per_set, n = branch_size(d);
+        // The segment of the tile's first row and where the next begins (rows only grow).
+        int seg_end = (m0 / seg_rows + 1) * seg_rows, seg_bits = seg_wants >> (3 * (m0 / seg_rows));
+        float va[R][ATOMS_PER_LANE], vb[R][ATOMS_PER_LANE];
+        load_v(m0, w, va);
+        load_v(m0, w + R * W, vb);
+        mbar_wait(tile_full, phase);
+        for (int r0 = w; r0 < TC_BM && m0 + r0 < rows; r0 += R * W) {
+            DuelingInputs in[R];
+            unsigned b[R];
+            bool valid[R];
+            int wants[R];
+#pragma unroll
+            for (int u = 0; u < R; ++u) {
+                const int r = r0 + u * W, row = m0 + r;
+                valid[u] = r < TC_BM && row < rows;
+                b[u] = (unsigned)row;
+                while (valid[u] && row >= seg_end) {
+                    seg_end += seg_rows;
+                    seg_bits >>= 3;
+                }
+                wants[u] = valid[u] ? seg_bits & 7 : 0;
+#pragma unroll
+                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                    const int j = lane + 32 * k;
+                    in[u].v[k] = va[u][k];
+                    va[u][k] = vb[u][k];
+#pragma unroll
+                    for (int a = 0; a < MAX_BRANCH_SIZE; ++a) {
+                        in[u].adv[a][k] = 0.0f;
+                        if (valid[u] && a < n && j < NUM_ATOMS)
+                            asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(in[u].adv[a][k]) : "r"(staged_at(obuf, r, a * NUM_ATOMS + j)));
+                    }
+                }
+            }
+            load_v(m0, r0 + 2 * R * W, vb);
+#if LG_DUELING_ROWS_FIT
+            dueling_rows<R>(in, lane, b, valid, d, wants, zz, zz2, lanes, outs);
+#else
+            if (valid[0]) dueling_row(in[0], lane, b[0], d, wants[0], zz, zz2, lanes, outs);
+#endif
+        }
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile_empty) : "memory");
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(LG_THREADS, 1) __cluster_dims__(LG_CLUSTER, 1, 1)
+linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int branches, int rounded_k
+#if LG_DUELING
+            , const __grid_constant__ DuelingArgs du
+#endif
+)
 {
     extern __shared__ unsigned char smem_raw[];
     unsigned obuf;  // the tile on its way out
@@ -75,8 +209,24 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int per_set = (N + LG_BN - 1) / LG_BN;
     const Schedule<LG_CLUSTER> sched(M, K, branches * per_set);
+#if LG_DUELING
+    // The staged tile's two mbarriers, behind the ring's: full (every consumer thread arrives once
+    // it is staged), empty (every dueling thread, once its rows are read).
+    const unsigned tile_full = ring.empty + 8 * LG_STAGES, tile_empty = tile_full + 8;
+    if (tid == 0) {
+        mbar_init(tile_full, 32 * TC_CONSUMER_WARPS);
+        mbar_init(tile_empty, 32 * LG_DUELING_WARPS);
+    }
+#endif
     ring_init(ring, LG_CLUSTER, tid);
 
+#if LG_DUELING
+    if (warp > TC_CONSUMER_WARPS) {  // the dueling warps
+        dueling_warp(du, sched, per_set, M, obuf, tile_full, tile_empty, warp - TC_CONSUMER_WARPS - 1, lane);
+        cluster_sync();
+        return;
+    }
+#endif
     if (warp == TC_CONSUMER_WARPS) {  // the producer
         const int rank = sched.rank;
         produce(ring, sched, lane, [&](int p, int kc, unsigned bar, unsigned sa, unsigned sb) {
@@ -94,6 +244,12 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
     }
 
     // The consumers.
+#if LG_DUELING
+    const bool store = du.store_out != 0;
+    unsigned phase = 0;  // the staged tile's
+#else
+    constexpr bool store = true;
+#endif
     const int wg = warp >> 2;  // this warpgroup's 64 rows of the tile
     const int g = lane >> 2, q = lane & 3;
     float acc[LG_BN / 2];
@@ -103,10 +259,14 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
         consume_tile<LG_BN, LG_TAIL_STEPS, LG_CLUSTER>(acc, ring, sched.chunks, rounded_k, wg, lane, tid & 127);
 
         // Epilogue (the accumulators' layout: wgmma_tf32): the tile through shared memory (obuf:
-        // LG_BOXES boxes of 32 columns x 128 rows, staged_at), out by TMA stores.
+        // LG_BOXES boxes of 32 columns x 128 rows, staged_at), out by TMA stores; with LG_DUELING
+        // on to the dueling warps, once they have read the previous tile.
         const int r0 = wg * 64 + (warp & 3) * 16 + g;  // rows in the tile (and r0 + 8)
         const float* const bias = args.bias[b];
-        staging_acquire(tid);
+#if LG_DUELING
+        mbar_wait(tile_empty, phase ^ 1);  // (a fresh barrier passes parity 1)
+#endif
+        if (store) staging_acquire(tid);
 #pragma unroll
         for (int j = 0; j < LG_BN / 8; ++j) {
             const int col = 8 * j + 2 * q;
@@ -125,13 +285,19 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
                              "f"(x1) : "memory");
             }
         }
-        staging_release();
-        if (tid == 0) {
+        if (store) {
+            staging_release();
+            if (tid == 0) {
 #pragma unroll
-            for (int x = 0; x < LG_BOXES; ++x)
-                if (n0 + 32 * x < N) tma_store(&args.out[b], obuf + x * (TC_BM * 128), n0 + 32 * x, m0);
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                for (int x = 0; x < LG_BOXES; ++x)
+                    if (n0 + 32 * x < N) tma_store(&args.out[b], obuf + x * (TC_BM * 128), n0 + 32 * x, m0);
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
         }
+#if LG_DUELING
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile_full) : "memory");
+        phase ^= 1;
+#endif
     }
     consumers_finish(tid);
 }

@@ -48,7 +48,8 @@ as few launches as possible:
   TF32 GEMM, which rounds it the same way), so ``glu_gemm`` need not round it again, and
   ``glu_gemm`` writes h so for the advantage heads, which ``linear_gemm`` then computes (one
   160-column tensor-core tile per head, four stages of loads in flight: the heads, K = 256, are
-  bound by memory).
+  bound by memory) with the dueling forward in its epilogue (:func:`fused_heads_dueling`): the
+  advantage rows reach memory only for a caller that reads them (the target forward's heads).
   Otherwise (the stacked forwards of small batches, plugin gates, fp32) cuBLAS's GEMM writes
   every row's pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
@@ -271,6 +272,9 @@ STACK_MAX_ROWS = 8192
 # 1.388-1.391 against 1.387, at 65536 4.726-4.742 against 4.754 (benchmarks/bench_update.py, one
 # run each way; benchmarks/results/2026-11-30-h200/round9).
 WGRAD_HEADS_MIN_ROWS = 32768
+# The advantage heads with the dueling forward in linear_gemm's epilogue (fused_heads_dueling): off,
+# the heads' GEMM writes the advantage rows and dueling_softmax_forward reads them back.
+HEADS_DUELING = True
 
 
 def stacks(net: Any, rows: int) -> bool:
@@ -423,12 +427,17 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     kernel_wants = [tuple(x for x in w if x != HEADS) for w in wants]
     needs = [bool(w) for w in kernel_wants]  # (E[Q] comes with any of the kernel's outputs)
 
-    def dueling(branches: tuple[int, int]) -> None:
-        zq = z[:, H2 : H2 + n_dir] if branches[0] == DIRECTION and use_z[MAGNITUDE] else None
-        # Every segment for the direction branch (the magnitude branch reads its Q), past it only
-        # up to the last segment that wants something of it.
+    def dueling_scope(branches: tuple[int, int]) -> tuple[int, Array | None]:
+        """The segments the dueling forward of ``branches`` covers (every one for the direction
+        branch, whose Q the magnitude branch reads; past it only up to the last segment that
+        wants something of it) and the direction Q's columns in z, where the magnitude branch
+        reads them."""
         first = branches[0] == DIRECTION
         n = len(segs) if first else max((i + 1 for i, x in enumerate(needs) if x), default=0)
+        return n, z[:, H2 : H2 + n_dir] if first and use_z[MAGNITUDE] else None
+
+    def dueling(branches: tuple[int, int]) -> None:
+        n, zq = dueling_scope(branches)
         if n and len(set(rows)) == 1:  # one launch, each segment writing what it wants
             r1 = starts[n]
             outs = {k: (a[:r1] if a is not None else None) for k, a in res.items()}
@@ -436,12 +445,33 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
                                       zq=zq, zq_scale=1.0 / net.q_scale, **outs)
             return
         for i, w in enumerate(kernel_wants[:n]):
-            if not (w or first):
+            if not (w or branches[0] == DIRECTION):
                 continue
             r0, r1 = starts[i], starts[i + 1]
             outs = {k: (a[r0:r1] if a is not None and (k in w or k == "q") else None) for k, a in res.items()}
             K.dueling_softmax_forward(v[r0:r1], adv[r0:r1], z_sup, offs, branches=branches, want=w,
                                       zq=None if zq is None else zq[r0:r1], zq_scale=1.0 / net.q_scale, **outs)
+
+    heads_wanted = any(HEADS in w for w in wants)
+
+    def heads_dueling(g: Sequence[int], h: Array) -> bool:
+        """Branches ``g``'s advantage heads with their dueling forward in the GEMM's epilogue
+        (:func:`.kernels.heads_dueling`; the heads reach memory only where a segment wants them),
+        where the heads run on the tensor cores, the rows' segments are of one size, the
+        branches are one of the two dueling launches and their tiles fill the GPU
+        (:func:`.kernels.heads_dueling_fills`); False (nothing run) otherwise."""
+        span = (g[0], g[-1] + 1)
+        n, zq = dueling_scope(span)
+        if span not in ((DIRECTION, 1), (1, D)) or not n or len(set(rows)) != 1 \
+                or not fused_heads_dueling(net) or not K.heads_dueling_fills(R, len(g)):
+            return False
+        r1 = starts[n]
+        ins, wts, biases, outs = _advantage_sets(net, g, h, block, transposed, adv)
+        K.heads_dueling(ins, wts, v, z_sup, offs, branches=span, segments=kernel_wants[:n], seg_rows=rows[0],
+                        bias=biases, adv=outs if heads_wanted else None, zq=None if zq is None else zq[:r1],
+                        zq_scale=1.0 / net.q_scale, rounded=H,
+                        **{k: (a[:r1] if a is not None else None) for k, a in res.items()})
+        return True
 
     h_all = cp.empty((R, D * Wh), dtype=cp.float32)  # each branch's augmented GLU output
     blk: dict[str, Array] = {}
@@ -458,6 +488,7 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         return blk[key]
 
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
+    done: set[tuple[int, int]] = set()  # the dueling forwards run in their heads' epilogue
     for g in branch_groups(net):  # the direction branch first: the magnitude branch reads its Q
         d0, d1 = g[0], g[-1] + 1
         home, c0 = glu_home(net, d0)
@@ -499,13 +530,16 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
                 hd[:, -1] = 1.0
             if keep_cache:  # the rows of the first segment (views; the backward writes over pv's)
                 branches[d] = dict(u=None if use_z[d] else u[:B], gate=gate, gcache=gcache, val=val)
-        if tc:
+        if tc and heads_dueling(g, h):
+            done.add((d0, d1))
+        elif tc:
             _advantages_tc(net, g, h, block, transposed, adv)
         else:
             _advantages(net, g, h, block, adv, stack)
-        if d0 == DIRECTION:
+        if d0 == DIRECTION and (0, 1) not in done:
             dueling((0, 1))
-    dueling((1, D))
+    if (1, D) not in done:
+        dueling((1, D))
 
     outs = []
     for i, w in enumerate(wants):
@@ -538,6 +572,13 @@ def fused_glu(net: Any, stack: Any) -> bool:
 
     return (isinstance(net.gate, SigmoidGate) and stack is None and cublas.tf32_enabled()
             and K.glu_gemm_supported(net.settings.adv_h))
+
+
+def fused_heads_dueling(net: Any) -> bool:
+    """Whether the advantage heads may run with the dueling forward in their epilogue
+    (:func:`.kernels.heads_dueling`): every branch's block of the advantage row within its tile."""
+    hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
+    return HEADS_DUELING and max(b - a for a, b in zip(hcol[:-1], hcol[1:])) <= K.LINEAR_GEMM_COLS
 
 
 def fused_glu_backward(net: Any) -> bool:
@@ -597,10 +638,10 @@ def _advantages(net: Any, g: Sequence[int], h: Array, block: Any, adv: Array, st
            stack=stack)
 
 
-def _advantages_tc(net: Any, g: Sequence[int], h: Array, block: Any, transposed: Any, adv: Array) -> None:
-    """The advantage layers of branches ``g`` as one ``linear_gemm`` (the TF32 tensor cores, one
-    160-column tile per branch; the bias in its epilogue), from their GLU outputs ``h`` as
-    ``glu_gemm`` wrote them: rounded to TF32."""
+def _advantage_sets(net: Any, g: Sequence[int], h: Array, block: Any, transposed: Any,
+                    adv: Array) -> tuple[list, list, list, list]:
+    """Branches ``g``'s advantage layers as :func:`.kernels.linear_gemm`'s sets: their GLU
+    outputs' columns of ``h``, transposed weights, biases and columns of ``adv``."""
     hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
     H, Wh = net.settings.adv_h, h_width(net)
     ins, wts, biases, outs = [], [], [], []
@@ -611,7 +652,15 @@ def _advantages_tc(net: Any, g: Sequence[int], h: Array, block: Any, transposed:
         wts.append(transposed(home)[c : c + w])
         biases.append(block(home)[-1, c : c + w])
         outs.append(adv[:, hcol[d] : hcol[d + 1]])
-    K.linear_gemm(ins, wts, outs, bias=biases, rounded=H)
+    return ins, wts, biases, outs
+
+
+def _advantages_tc(net: Any, g: Sequence[int], h: Array, block: Any, transposed: Any, adv: Array) -> None:
+    """The advantage layers of branches ``g`` as one ``linear_gemm`` (the TF32 tensor cores, one
+    160-column tile per branch; the bias in its epilogue), from their GLU outputs ``h`` as
+    ``glu_gemm`` wrote them: rounded to TF32."""
+    ins, wts, biases, outs = _advantage_sets(net, g, h, block, transposed, adv)
+    K.linear_gemm(ins, wts, outs, bias=biases, rounded=net.settings.adv_h)
 
 
 def _branch_input(net: Any, d: int, z: Array, q: Array, extra_cols: list[Array], width: int) -> Array:

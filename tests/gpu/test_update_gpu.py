@@ -168,16 +168,16 @@ def _paired_agents(cp, settings):
 
 def _glu_agents(cp, monkeypatch):
     """A CPU agent and a GPU agent with the same parameters (the target network other than the
-    online one), the GPU under TF32, and a record of the glu_gemm, linear_gemm and glu_backward_gemm
-    calls."""
+    online one), the GPU under TF32, and a record of the glu_gemm, linear_gemm, heads_dueling and
+    glu_backward_gemm calls."""
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
 
     if not K.glu_gemm_supported(128):
         pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
     rng, cpu, gpu = _paired_agents(cp, _glu_net_settings())
-    calls = []  # ("glu_gemm" | "linear_gemm" | "glu_backward_gemm", ...) per call
-    for name in ("glu_gemm", "linear_gemm", "glu_backward_gemm"):
+    calls = []  # ("glu_gemm" | "linear_gemm" | "heads_dueling" | "glu_backward_gemm", ...) per call
+    for name in ("glu_gemm", "linear_gemm", "heads_dueling", "glu_backward_gemm"):
         real = getattr(K, name)
         monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
     cublas.set_tf32(True)
@@ -186,12 +186,14 @@ def _glu_agents(cp, monkeypatch):
 
 def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
     """Under TF32 the fused network's GLUs run as one kernel each (glu_gemm) and its advantage
-    heads as one more (linear_gemm). Its outputs (every action's log-probabilities and E[Q] over
-    2048 rows) are as close to the float64 reference forward as those of the path through cuBLAS's
-    GEMMs and glu_forward, also TF32: both round their operands to TF32 to nearest (glu_gemm with
-    truncated operands was 2.5x further off)."""
+    heads with the dueling forward as one more (heads_dueling; linear_gemm then
+    dueling_softmax_forward without it). Its outputs (every action's log-probabilities and E[Q]
+    over 2048 rows) are as close to the float64 reference forward as those of the path through
+    cuBLAS's GEMMs and glu_forward, also TF32: both round their operands to TF32 to nearest
+    (glu_gemm with truncated operands was 2.5x further off)."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
     from foxhunt_core.net import fused
 
     rng, cpu, gpu, calls = _glu_agents(cp, monkeypatch)
@@ -200,8 +202,12 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
         params64 = {o: {k: v.astype(np.float64) for k, v in s.items()} for o, s in cpu.online.items()}
         ref = cpu.net.forward(params64, obs.astype(np.float64))
         q_ref = (ref.probs * cpu.net.support64).sum(-1)
+        monkeypatch.setattr(K, "heads_dueling_fills", lambda rows, sets: True)  # (2048 rows: too few)
         glu = gpu.net.forward(gpu.online, cp.asarray(obs))
-        assert {"glu_gemm", "linear_gemm"} <= set(calls), "the forward ran its GLUs and heads on its own kernels"
+        assert calls == ["glu_gemm", "heads_dueling", "glu_gemm", "heads_dueling"], calls
+        monkeypatch.setattr(fused, "HEADS_DUELING", False)
+        apart = gpu.net.forward(gpu.online, cp.asarray(obs))
+        assert calls[4:] == ["glu_gemm", "linear_gemm", "glu_gemm", "linear_gemm"], calls
         monkeypatch.setattr(fused, "fused_glu", lambda net, stack: False)
         n = len(calls)
         lt = gpu.net.forward(gpu.online, cp.asarray(obs))
@@ -212,12 +218,15 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
         e_glu, e_lt = _rel(getattr(glu, name), r), _rel(getattr(lt, name), r)
         assert e_glu < 1e-2, f"{name}: {e_glu:.3g}"
         assert e_glu < 1.25 * e_lt, f"{name}: glu_gemm {e_glu:.3g} against cuBLAS {e_lt:.3g}"
+        # The dueling forward in the heads' epilogue computes what the kernel apart computes.
+        assert _rel(getattr(glu, name), getattr(apart, name)) < 1e-5, name
 
 
 def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
-    """The whole update with the GLUs as glu_gemm and the heads as linear_gemm (past the stacking
-    threshold, as large batches run), their backward as glu_backward_gemm, against the NumPy
-    float32 update: the loss to 2e-3, all gradients together to 2e-2, each parameter's to 1e-1.
+    """The whole update with the GLUs as glu_gemm and the heads as heads_dueling (linear_gemm where
+    no dueling forward follows; past the stacking threshold, as large batches run), their backward
+    as glu_backward_gemm, against the NumPy float32 update: the loss to 2e-3, all gradients
+    together to 2e-2, each parameter's to 1e-1.
     (The C51 gradient, a difference of two distributions, amplifies TF32's relative error in small
     gradients; the forward's accuracy is compared with cuBLAS's above. A wiring error —
     pre-activations of the wrong rows, a missing value head — is off by order one.)"""
@@ -227,14 +236,17 @@ def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
 
     monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)  # one parameter tree per forward
     rng, cpu, gpu, calls = _glu_agents(cp, monkeypatch)
-    # glu_backward_gemm as from the batch where it has a tile for every SM, here at 512 rows
+    # glu_backward_gemm and heads_dueling as from the batch where they have a tile for every SM,
+    # here at 512 rows
     monkeypatch.setattr(fused.K, "glu_backward_gemm_fills", lambda rows, blocks, H: True)
+    monkeypatch.setattr(fused.K, "heads_dueling_fills", lambda rows, sets: True)
     batch = _batch(rng, 512)
     try:
         g_gpu, s_gpu, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
     finally:
         cublas.set_tf32(False)
-    assert {"glu_gemm", "linear_gemm", "glu_backward_gemm"} <= set(calls), \
+    # (linear_gemm: the target forward's magnitude heads, which no dueling forward follows)
+    assert {"glu_gemm", "heads_dueling", "linear_gemm", "glu_backward_gemm"} <= set(calls), \
         "the update ran its GLUs and heads, and their backward, on its own kernels"
     g_cpu, s_cpu, _, _ = cpu.loss_and_grads(batch, 0.01)
     assert abs(float(s_cpu["loss"]) - float(s_gpu["loss"])) < 2e-3 * abs(float(s_cpu["loss"]))

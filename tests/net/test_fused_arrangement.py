@@ -174,6 +174,25 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
             zq[...] = ref[2][:, : offsets[1]] * zq_scale
         return log_probs, probs, q, var
 
+    def heads_dueling_fills(rows, sets):
+        # As if the direction branch's tiles over the update's online pair (12 rows) were too few:
+        # the dueling forward apart, in the heads' epilogue, and there with the heads written too
+        # (the target forward's direction branch) all run.
+        return sets > 1 or rows != 12
+
+    def heads_dueling(a, wt, v, z, offsets, *, branches, segments, seg_rows, bias=None, adv=None, log_probs=None,
+                      probs=None, q=None, var=None, zq=None, zq_scale=1.0, rounded=0):
+        # The heads as linear_gemm computes them, then the dueling forward of the segments' rows
+        # from them: the heads reach memory (adv) only when asked.
+        heads = linear_gemm(a, wt, adv, bias=bias, rounded=rounded)
+        rows = len(segments) * seg_rows
+        cols = head_columns(offsets, z.shape[0], 4)
+        full = np.full((rows, cols[-1]), np.nan)  # (the other branches' blocks: never read)
+        for d, x in zip(range(*branches), heads):
+            full[:, cols[d] : cols[d + 1]] = x[:rows]
+        return dueling_softmax_forward(v[:rows], full, z, offsets, branches=branches, segments=segments,
+                                       log_probs=log_probs, probs=probs, q=q, var=var, zq=zq, zq_scale=zq_scale)
+
     def dueling_backward(dlogits, z, offsets, *, branches=None, accumulate_dv=False, dq=None, dq_scale=1.0,
                          probs=None, q=None, dv=None, dadv=None, padded=False):
         if dq is not None:  # any view covering the branches' actions, read times dq_scale
@@ -201,8 +220,8 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm,
         wgrad_gemm, wgrad_gemm_sets, wgrad_gemm_supported, round_tf32, glu_backward_gemm,
-        glu_backward_gemm_fills)},
-        GLU_BACKWARD_GEMM_SETS=2)
+        glu_backward_gemm_fills, heads_dueling, heads_dueling_fills)},
+        GLU_BACKWARD_GEMM_SETS=2, LINEAR_GEMM_COLS=160)
 
 
 def _one_stream() -> types.SimpleNamespace:
@@ -456,6 +475,13 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
         return real_dueling(v, adv, z, offsets, **kw)
 
     monkeypatch.setattr(fused.K, "dueling_softmax_forward", dueling_counting)
+    real_heads = fused.K.heads_dueling
+
+    def heads_counting(a, wt, v, z, offsets, **kw):  # (the heads' GEMM with the dueling forward in it)
+        dueling_rows.append(("heads", kw["branches"], len(kw["segments"]) * kw["seg_rows"], kw["adv"] is not None))
+        return real_heads(a, wt, v, z, offsets, **kw)
+
+    monkeypatch.setattr(fused.K, "heads_dueling", heads_counting)
     glu_pv_rows = []  # per glu_gemm call: the rows whose pre-activations it keeps
     real_glu = fused.K.glu_gemm
 
@@ -492,7 +518,12 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
     assert got_next.probs is None and got_next.log_probs is None and got_target.log_probs is None
     assert got_target.probs is None and got_target.q is None and got.cache["z"].shape[0] == 6
     assert got_next.heads is None and got.heads is None
-    if large:  # the target alone (queued first: on the side stream, beside the online pair), the online pair
+    if large and fused.K.glu_gemm_supported():
+        # The target's direction branch in its heads' epilogue (its heads written: the loss reads
+        # them), the online pair's apart (heads_dueling_fills above), its magnitude branches' in
+        # the heads' epilogue (no heads written).
+        assert dueling_rows == [("heads", (0, 1), 6, True), ((0, 1), 12), ("heads", (1, 4), 12, False)]
+    elif large:  # the target alone (queued first: on the side stream, beside the online pair), the online pair
         assert dueling_rows == [((0, 1), 6), ((0, 1), 12), ((1, 4), 12)]
     else:
         assert dueling_rows == [((0, 1), 18), ((1, 4), 12)]

@@ -1,0 +1,416 @@
+// The dueling forward of one row (a sample's branch) by one warp, shared by dueling.cu's
+// dueling_softmax_forward and linear_gemm.cu's dueling epilogue (the advantage heads with the
+// softmax over atoms in their GEMM's epilogue), with the warp reductions and fast math it uses.
+//
+// NumPy twin: foxhunt_core/gpu/reference.py dueling_softmax_forward. Compile-time sizes: sizes.cuh.
+#pragma once
+
+#include "sizes.cuh"
+
+#define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
+#define FULL_MASK 0xffffffffu
+// Actions whose softmax sums one warp_spread reduces at once (three sums each, at most 32 values).
+#define SPREAD_ACTIONS (MAX_BRANCH_SIZE < 10 ? MAX_BRANCH_SIZE : 10)
+#define LOG2E 1.44269504f
+#define LN2 0.693147181f
+
+__constant__ int kBranchOffsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+
+// Whether every branch has MAX_BRANCH_SIZE actions (the default layout): then the row kernels
+// know a branch's size at compile time and test no action against it.
+__host__ __device__ constexpr bool uniform_branches() {
+    constexpr int offsets[NUM_BRANCHES + 1] = BRANCH_OFFSETS;
+    for (int d = 0; d < NUM_BRANCHES; ++d)
+        if (offsets[d + 1] - offsets[d] != MAX_BRANCH_SIZE) return false;
+    return true;
+}
+__device__ __forceinline__ int branch_size(int d) {
+    return uniform_branches() ? MAX_BRANCH_SIZE : kBranchOffsets[d + 1] - kBranchOffsets[d];
+}
+
+// The SFU's approximations, one instruction each (the .ftz forms need no fix-up around them for
+// denormals, which libm's exp2f / log2f / 1/x add): 2^x and 1/x to a few ulp, log2 x to about
+// 2^-22 absolute. Here 2^x takes arguments <= 0 (a result below 2^-126 becomes 0), log2 and 1/x
+// a sum of exps in [1, N].
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float lg2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct AddOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Warp reduction of M values per lane at once by recursive halving: at each step (lane offsets
+// 16, 8, ..., 1) a lane keeps half of its values -- the upper half where its offset bit is set,
+// padded with `pad` -- combines them with its partner's copy of that half and sends the partner
+// the other half, one shuffle per kept value; once a single value is left the steps are plain
+// butterflies. 9 values take 12 shuffles this way instead of 45. Afterwards each lane holds the
+// total of one value (spread_index), returned; value i is in lane spread_lane<M>(i), among others.
+template <int M, class Op>
+__device__ __forceinline__ float warp_spread(float (&x)[M], float pad, Op op) {
+    static_assert(M >= 1 && M <= 32, "warp_spread: one value per lane at the end");
+    const int lane = threadIdx.x & 31;
+    int m = M;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (m == 1) {
+            x[0] = op(x[0], __shfl_xor_sync(FULL_MASK, x[0], o));
+            continue;
+        }
+        const int h = (m + 1) >> 1;
+        const bool up = (lane & o) != 0;
+#pragma unroll
+        for (int t = 0; t < (M + 1) / 2; ++t) {
+            if (t < h) {
+                const float lo = x[t];
+                const float hi = t + h < m ? x[t + h] : pad;
+                x[t] = op(up ? hi : lo, __shfl_xor_sync(FULL_MASK, up ? lo : hi, o));
+            }
+        }
+        m = h;
+    }
+    return x[0];
+}
+
+// The value whose total lane `lane` holds after warp_spread<M>, or -1 (a padding value).
+template <int M>
+__device__ __forceinline__ int spread_index(int lane) {
+    int m = M, first = 0, count = M;  // the lane's values so far: [first, first + count)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (m > 1) {
+            const int h = (m + 1) >> 1;
+            if (lane & o) {
+                first += h;
+                count -= h;
+            } else {
+                count = min(count, h);
+            }
+            m = h;
+        }
+    }
+    return count > 0 ? first : -1;
+}
+
+// The lowest lane that holds the total of value i after warp_spread<M>.
+template <int M>
+__device__ __forceinline__ int spread_lane(int i) {
+    int m = M, lane = 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (m > 1) {
+            const int h = (m + 1) >> 1;
+            if (i >= h) {
+                lane |= o;
+                i -= h;
+            }
+            m = h;
+        }
+    }
+    return lane;
+}
+
+// What a forward row reads, loaded one row ahead of its turn. The padding atoms are not loaded.
+struct DuelingInputs {
+    float v[ATOMS_PER_LANE];
+    float adv[MAX_BRANCH_SIZE][ATOMS_PER_LANE];
+};
+
+// The support's atoms this lane holds (zz: lane + 32 k; 0 past N) and their squares.
+__device__ __forceinline__ void dueling_support(const float* __restrict__ z, int lane, float (&zz)[ATOMS_PER_LANE],
+                                                float (&zz2)[ATOMS_PER_LANE]) {
+#pragma unroll
+    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        zz[k] = j < NUM_ATOMS ? z[j] : 0.0f;
+        zz2[k] = zz[k] * zz[k];
+    }
+}
+
+// The sums of a group of G actions go into warp_spread as [S_0 .., sum e z .., sum e z^2 ..]
+// (the last G only where var is written). The lane holding action t's sum e z writes its
+// outputs; it fetches S_t and sum e z^2 from the lanes holding them. Per layout, 5-bit fields
+// (registers are scarce in the row loops): t + 1 (0: the lane holds no sum e z) and the lanes.
+__device__ __forceinline__ unsigned dueling_spread_lanes(int lane) {
+    constexpr int G = SPREAD_ACTIONS;
+    const int t2 = spread_index<2 * G>(lane) - G, t3 = spread_index<3 * G>(lane) - G;
+    const bool own2 = t2 >= 0 && t2 < G, own3 = t3 >= 0 && t3 < G;
+    unsigned lanes = (own2 ? t2 + 1 : 0) | (own3 ? t3 + 1 : 0) << 5
+        | spread_lane<2 * G>(own2 ? t2 : 0) << 10 | spread_lane<3 * G>(own3 ? t3 : 0) << 15
+        | spread_lane<3 * G>(2 * G + (own3 ? t3 : 0)) << 20;
+    asm volatile("" : "+r"(lanes));  // computed once, not again in the loops
+    return lanes;
+}
+
+// Where one row's outputs go: log_probs, probs [rows, A, N], q, var [rows, A] (log_probs, probs and
+// var may be null: not written), zq [rows, zq_pitch] (null: not written) the direction branch's
+// (branch 0's) Q times zq_scale.
+struct DuelingOutputs {
+    float *log_probs, *probs, *q, *var, *zq;
+    int zq_pitch;
+    float zq_scale;
+};
+
+// Row b's branch d (the warp's 32 lanes, `in` their atoms with the biases added), writing only
+// what bits 0 / 1 / 2 of `wants` ask of log_probs / probs / var (q always):
+//   logits[b, a, :] = v[b, :] + adv[b, a, :] - mean_{a' in branch(a)} adv[b, a', :]
+//   log_probs = log_softmax(logits) over atoms, probs = exp(log_probs),
+//   q = sum_j p_j z_j, var = max(sum_j p_j z_j^2 - q^2, 0).
+// Per action, with y the logits in units of log2 less their maximum: e_j = 2^y_j, S = sum_j e_j,
+// p_j = e_j / S, log p_j = y_j ln 2 - ln S, q = sum_j e_j z_j / S, E[z^2] = sum_j e_j z_j^2 / S:
+// one exp per atom, and the sums of all the branch's actions reduced over the warp at once
+// (warp_spread), as are the maxima. The lanes that end up holding an action's sum e z write its
+// q, var and zq. zz, zz2, spread_lanes: dueling_support, dueling_spread_lanes.
+__device__ __forceinline__ void dueling_row(DuelingInputs& in, int lane, unsigned b, int d, int wants,
+                                            const float (&zz)[ATOMS_PER_LANE], const float (&zz2)[ATOMS_PER_LANE],
+                                            unsigned spread_lanes, const DuelingOutputs& out) {
+    constexpr int M = MAX_BRANCH_SIZE;
+    constexpr int G = SPREAD_ACTIONS;
+    const float neg_inf = __int_as_float(0xff800000);
+    float* const log_probs = out.log_probs;
+    float* const probs = out.probs;
+    float* const q = out.q;
+    float* const var = out.var;
+    float* const zq = out.zq;
+    const int a0 = kBranchOffsets[d];
+    const int n = branch_size(d);
+    const bool want_lp = log_probs != nullptr && (wants & 1);
+    const bool want_p = probs != nullptr && (wants & 2);
+    const bool want_var = var != nullptr && (wants & 4);
+    const size_t out_row = (size_t)b * NUM_ACTIONS + a0;  // the branch's first action's row
+
+    // y: the logits in units of log2 (-inf at padding atoms and absent actions), later less
+    // their maximum: e = 2^y, log p = y ln 2 - ln S.
+    const float scale = LOG2E * rcp_approx((float)n);  // log2(e) / n
+    float y[M][ATOMS_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+        const int j = lane + 32 * k;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (i < n) sum = i == 0 ? in.adv[0][k] : sum + in.adv[i][k];
+        }
+        const float mean = sum * scale;  // the advantages' mean times log2(e)
+#pragma unroll
+        for (int i = 0; i < M; ++i)
+            y[i][k] = i < n && j < NUM_ATOMS ? fmaf(in.v[k] + in.adv[i][k], LOG2E, -mean) : neg_inf;
+    }
+
+#pragma unroll
+    for (int g0 = 0; g0 < M; g0 += G) {  // one group of G actions (the whole branch up to 10)
+        float mx[G];
+#pragma unroll
+        for (int t = 0; t < G; ++t) {
+            mx[t] = neg_inf;
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                if (g0 + t < M) mx[t] = k == 0 ? y[g0 + t][0] : fmaxf(mx[t], y[g0 + t][k]);
+        }
+        const float mx_held = warp_spread(mx, neg_inf, MaxOp());
+        // e and this lane's part of the sums S and sum e z (padding atoms have e = 0 and z = 0).
+        float e[G][ATOMS_PER_LANE], s[2 * G];
+#pragma unroll
+        for (int t = 0; t < G; ++t) {
+            const int i = g0 + t;
+            const float mt = __shfl_sync(FULL_MASK, mx_held, spread_lane<G>(t));
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+                e[t][k] = 0.0f;
+                if (i < M && i < n) {
+                    y[i][k] -= mt;  // padding atoms stay at -inf and get e = 0
+                    e[t][k] = ex2_approx(y[i][k]);
+                }
+                s[t] = k == 0 ? e[t][0] : s[t] + e[t][k];
+                s[G + t] = k == 0 ? e[t][0] * zz[0] : fmaf(e[t][k], zz[k], s[G + t]);
+            }
+        }
+        float held;  // after the warp sums: the total this lane holds
+        if (want_var) {
+            float s3[3 * G];
+#pragma unroll
+            for (int t = 0; t < G; ++t) {
+                s3[t] = s[t];
+                s3[G + t] = s[G + t];
+#pragma unroll
+                for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                    s3[2 * G + t] = k == 0 ? e[t][0] * zz2[0] : fmaf(e[t][k], zz2[k], s3[2 * G + t]);
+            }
+            held = warp_spread(s3, 0.0f, AddOp());
+        } else {
+            held = warp_spread(s, 0.0f, AddOp());
+        }
+
+        if (want_lp || want_p) {
+            float lse[G], rs[G];
+#pragma unroll
+            for (int t = 0; t < G; ++t) {
+                const int from = want_var ? spread_lane<3 * G>(t) : spread_lane<2 * G>(t);
+                const float st = __shfl_sync(FULL_MASK, held, from);  // S of action g0 + t
+                lse[t] = lg2_approx(st) * LN2;  // ln S
+                rs[t] = rcp_approx(st);
+            }
+            const size_t o = (out_row + g0) * NUM_ATOMS + lane;  // atom `lane` of the group's first
+            if (want_lp) {
+#pragma unroll
+                for (int t = 0; t < G; ++t)
+#pragma unroll
+                    for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                        if (g0 + t < M && g0 + t < n && lane + 32 * k < NUM_ATOMS)
+                            log_probs[o + t * NUM_ATOMS + 32 * k] = fmaf(y[g0 + t][k], LN2, -lse[t]);
+            }
+            if (want_p) {
+#pragma unroll
+                for (int t = 0; t < G; ++t)
+#pragma unroll
+                    for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                        if (g0 + t < M && g0 + t < n && lane + 32 * k < NUM_ATOMS)
+                            probs[o + t * NUM_ATOMS + 32 * k] = e[t][k] * rs[t];
+            }
+        }
+        // E[Q], var and zq of the action whose sum e z this lane holds.
+        const unsigned lanes = want_var ? spread_lanes >> 5 : spread_lanes;
+        const int own = (int)(lanes & 31u) - 1;
+        const float s_own = __shfl_sync(FULL_MASK, held, (lanes >> 10) & 31u);
+        const float s2_own = want_var ? __shfl_sync(FULL_MASK, held, spread_lanes >> 20) : 0.0f;
+        if (own >= 0 && g0 + own < n) {
+            const int a = a0 + g0 + own;
+            const float rs = rcp_approx(s_own);
+            const float qa = held * rs;
+            q[(size_t)b * NUM_ACTIONS + a] = qa;
+            if (want_var) var[(size_t)b * NUM_ACTIONS + a] = fmaxf(s2_own * rs - qa * qa, 0.0f);
+            if (zq != nullptr && d == 0) zq[(size_t)b * (unsigned)out.zq_pitch + g0 + own] = qa * out.zq_scale;
+        }
+    }
+
+}
+
+// dueling_rows<R>: R rows of one branch at once (3 R MAX_BRANCH_SIZE <= 32), for a warp
+// that has no other warps to hide its latency behind (linear_gemm.cu's dueling warps): the rows'
+// actions are reduced over the warp together, as one row's R MAX_BRANCH_SIZE actions would be (one
+// chain of shuffles for all of them), and the sums for var always (no branch between the rows'
+// work). Row r is b[r], written only where valid[r], its outputs as wants[r] asks.
+//
+// The lanes' roles after warp_spread<3 G> of [S .., sum e z .., sum e z^2 ..] (G = R M virtual
+// actions): 5-bit fields t + 1 (0: the lane holds no sum e z), the lanes holding that action's S
+// and sum e z^2.
+template <int G>
+__device__ __forceinline__ unsigned dueling_rows_lanes(int lane) {
+    const int t = spread_index<3 * G>(lane) - G;
+    const bool own = t >= 0 && t < G;
+    unsigned lanes = (own ? t + 1 : 0) | spread_lane<3 * G>(own ? t : 0) << 5
+        | spread_lane<3 * G>(2 * G + (own ? t : 0)) << 10;
+    asm volatile("" : "+r"(lanes));  // computed once, not again in the loops
+    return lanes;
+}
+
+template <int R>
+__device__ __forceinline__ void dueling_rows(DuelingInputs (&in)[R], int lane, const unsigned (&b)[R],
+                                             const bool (&valid)[R], int d, const int (&wants)[R],
+                                             const float (&zz)[ATOMS_PER_LANE], const float (&zz2)[ATOMS_PER_LANE],
+                                             unsigned lanes, const DuelingOutputs& out) {
+    constexpr int M = MAX_BRANCH_SIZE;
+    constexpr int G = R * M;  // virtual action t = r M + i: row r's action i
+    static_assert(3 * G <= 32, "dueling_rows: the R rows' three sums per action in one reduction");
+    const float neg_inf = __int_as_float(0xff800000);
+    const int a0 = kBranchOffsets[d];
+    const int n = branch_size(d);
+    const float scale = LOG2E * rcp_approx((float)n);  // log2(e) / n
+
+    // y (as dueling_row): the logits in units of log2, -inf at padding atoms and absent actions.
+    float y[G][ATOMS_PER_LANE];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            const int j = lane + 32 * k;
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < M; ++i)
+                if (i < n) sum = i == 0 ? in[r].adv[0][k] : sum + in[r].adv[i][k];
+            const float mean = sum * scale;
+#pragma unroll
+            for (int i = 0; i < M; ++i)
+                y[r * M + i][k] = i < n && j < NUM_ATOMS ? fmaf(in[r].v[k] + in[r].adv[i][k], LOG2E, -mean) : neg_inf;
+        }
+    float mx[G];
+#pragma unroll
+    for (int t = 0; t < G; ++t) {
+        mx[t] = y[t][0];
+#pragma unroll
+        for (int k = 1; k < ATOMS_PER_LANE; ++k) mx[t] = fmaxf(mx[t], y[t][k]);
+    }
+    const float mx_held = warp_spread(mx, neg_inf, MaxOp());
+    float e[G][ATOMS_PER_LANE], s[3 * G];
+#pragma unroll
+    for (int t = 0; t < G; ++t) {
+        const float mt = __shfl_sync(FULL_MASK, mx_held, spread_lane<G>(t));
+        const bool live = t % M < n;
+#pragma unroll
+        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
+            y[t][k] -= mt;  // padding atoms stay at -inf and get e = 0
+            e[t][k] = live ? ex2_approx(y[t][k]) : 0.0f;
+            s[t] = k == 0 ? e[t][0] : s[t] + e[t][k];
+            s[G + t] = k == 0 ? e[t][0] * zz[0] : fmaf(e[t][k], zz[k], s[G + t]);
+            s[2 * G + t] = k == 0 ? e[t][0] * zz2[0] : fmaf(e[t][k], zz2[k], s[2 * G + t]);
+        }
+    }
+    const float held = warp_spread(s, 0.0f, AddOp());
+
+#pragma unroll
+    for (int t = 0; t < G; ++t) {
+        const int r = t / M, i = t % M;
+        const float st = __shfl_sync(FULL_MASK, held, spread_lane<3 * G>(t));  // S of virtual action t
+        const bool lp = valid[r] && i < n && out.log_probs != nullptr && (wants[r] & 1);
+        const bool p = valid[r] && i < n && out.probs != nullptr && (wants[r] & 2);
+        const size_t o = ((size_t)b[r] * NUM_ACTIONS + a0 + i) * NUM_ATOMS + lane;
+        if (lp) {
+            const float lse = lg2_approx(st) * LN2;  // ln S
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                if (lane + 32 * k < NUM_ATOMS) out.log_probs[o + 32 * k] = fmaf(y[t][k], LN2, -lse);
+        }
+        if (p) {
+            const float rs = rcp_approx(st);
+#pragma unroll
+            for (int k = 0; k < ATOMS_PER_LANE; ++k)
+                if (lane + 32 * k < NUM_ATOMS) out.probs[o + 32 * k] = e[t][k] * rs;
+        }
+    }
+    // E[Q], var and zq of the virtual action whose sum e z this lane holds.
+    const int own = (int)(lanes & 31u) - 1;
+    const float s_own = __shfl_sync(FULL_MASK, held, (lanes >> 5) & 31u);
+    const float s2_own = __shfl_sync(FULL_MASK, held, (lanes >> 10) & 31u);
+    if (own >= 0) {
+        const int r = own / M, i = own % M;
+        bool ok = false;
+        unsigned row = 0;
+        int w = 0;
+#pragma unroll
+        for (int u = 0; u < R; ++u)  // (row r's fields without indexing the register arrays)
+            if (u == r) ok = valid[u], row = b[u], w = wants[u];
+        if (ok && i < n) {
+            const size_t a = (size_t)row * NUM_ACTIONS + a0 + i;
+            const float rs = rcp_approx(s_own);
+            const float qa = held * rs;
+            out.q[a] = qa;
+            if (out.var != nullptr && (w & 4)) out.var[a] = fmaxf(s2_own * rs - qa * qa, 0.0f);
+            if (out.zq != nullptr && d == 0) out.zq[(size_t)row * (unsigned)out.zq_pitch + i] = qa * out.zq_scale;
+        }
+    }
+}
