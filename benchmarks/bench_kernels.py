@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -188,7 +189,56 @@ def heads_cases(B: int) -> dict:
         "heads (4 x K = 256, N = 156): linear_gemm": lambda: K.linear_gemm(
             ins, [wt[N * i : N * (i + 1)] for i in range(4)], outs, bias=[w[-1, N * i : N * (i + 1)] for i in range(4)],
             rounded=H),
+        **heads_dueling_cases(B, ins, wt, w, adv),
     }
+
+
+def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any) -> dict:
+    """The update's online forwards' heads (2 B rows: s with every output, s' with E[Q]) and their
+    dueling forward: linear_gemm then dueling_softmax_forward (the heads' round trip through
+    memory) against heads_dueling (the dueling forward in the GEMM's epilogue)."""
+    import cupy as cp
+
+    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.gpu.launch import padded
+
+    R, H, Nh = 2 * B, 256, 156
+    v = cp.random.standard_normal((R, padded(N)), dtype=cp.float32)
+    outs = [adv[:, Nh * i : Nh * (i + 1)] for i in range(4)]
+    z = cp.linspace(-10.0, 10.0, N, dtype=cp.float32)
+    zwide = cp.zeros((R, 260), dtype=cp.float32)
+    wants = [("log_probs", "probs", "q", "var"), ("q",)]
+    res = dict(log_probs=cp.empty((B, A, N), cp.float32), probs=cp.empty((B, A, N), cp.float32),
+               q=cp.empty((R, A), cp.float32), var=cp.empty((B, A), cp.float32))
+    wts = [wt[Nh * i : Nh * (i + 1)] for i in range(4)]
+    bias = [w[-1, Nh * i : Nh * (i + 1)] for i in range(4)]
+
+    def apart() -> None:
+        K.linear_gemm(ins[:1], wts[:1], outs[:1], bias=bias[:1], rounded=H)
+        K.dueling_softmax_forward(v, adv, z, OFFSETS, branches=(0, 1), segments=wants, zq=zwide[:, 256:259],
+                                  zq_scale=0.1, **res)
+        K.linear_gemm(ins[1:], wts[1:], outs[1:], bias=bias[1:], rounded=H)
+        K.dueling_softmax_forward(v, adv, z, OFFSETS, branches=(1, D), segments=wants, **res)
+
+    def fused() -> None:
+        K.heads_dueling(ins[:1], wts[:1], v, z, OFFSETS, branches=(0, 1), segments=wants, seg_rows=B,
+                        bias=bias[:1], zq=zwide[:, 256:259], zq_scale=0.1, rounded=H, **res)
+        K.heads_dueling(ins[1:], wts[1:], v, z, OFFSETS, branches=(1, D), segments=wants, seg_rows=B,
+                        bias=bias[1:], rounded=H, **res)
+
+    def fused_as(segments: list, seg_rows: int) -> Any:  # heads_dueling over other segments (where the time goes)
+        r1 = len(segments) * seg_rows
+        wanted = {o for w in segments for o in w}
+        out = {k: (x[:r1] if x is not None and (k == "q" or k in wanted) else None) for k, x in res.items()}
+        return lambda: [K.heads_dueling(ins[a:b], wts[a:b], v, z, OFFSETS, branches=(a, b), segments=segments,
+                                        seg_rows=seg_rows, bias=bias[a:b], rounded=H,
+                                        zq=zwide[:r1, 256:259] if a == 0 else None, zq_scale=0.1, **out)
+                        for a, b in ((0, 1), (1, D))]
+
+    return {"heads + dueling fwd (s: all, s': E[Q]): linear_gemm, then dueling_softmax_forward": apart,
+            "heads + dueling fwd (s: all, s': E[Q]): heads_dueling": fused,
+            "heads + dueling fwd (s, s': E[Q] only): heads_dueling": fused_as([("q",), ("q",)], B),
+            "heads + dueling fwd (one row: the GEMM alone, nothing written): heads_dueling": fused_as([("q",)], 1)}
 
 
 def glu_backward_cases(B: int) -> dict:

@@ -102,6 +102,7 @@ FOXHUNT_VARIANTS = {
     "foxhunt gemmex": dict(graphs=True, lt=False),
     "foxhunt 1 stream": dict(graphs=True, tune=True, side_stream=False),
     "foxhunt cublas glu": dict(graphs=True, tune=True, glu_gemm=False),
+    "foxhunt heads apart": dict(graphs=True, tune=True, heads_dueling=False),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -110,14 +111,17 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True) -> float:
+                  side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
+                  heads_dueling: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
     ``stack_max`` sets the rows up to which the update's forwards run stacked
     (``foxhunt_core.net.fused.STACK_MAX_ROWS``), ``glu_gemm=False`` runs the GLUs as cuBLAS's
     GEMM followed by ``glu_forward`` and the advantage heads as cuBLAS's GEMMs, where they would
-    run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``)."""
+    run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``),
+    ``heads_dueling=False`` runs the dueling forward as its own kernel after the heads' GEMM rather
+    than in its epilogue (``foxhunt_core.net.fused.HEADS_DUELING``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.net import fused
 
@@ -131,10 +135,12 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     real_fused_glu = fused.fused_glu
     if not glu_gemm:
         fused.fused_glu = lambda net, stack: False
+    fused.HEADS_DUELING = heads_dueling
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
         fused.fused_glu = real_fused_glu
+        fused.HEADS_DUELING = True
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
         streams.set_enabled(True)
