@@ -121,7 +121,7 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     GEMM followed by ``glu_forward`` and the advantage heads as cuBLAS's GEMMs, where they would
     run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``),
     ``heads_dueling=False`` runs the dueling forward as its own kernel after the heads' GEMM rather
-    than in its epilogue (``foxhunt_core.net.fused.HEADS_DUELING``)."""
+    than in the heads' kernel (``foxhunt_core.net.fused.HEADS_DUELING``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.net import fused
 

@@ -684,7 +684,7 @@ LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias"
 def _linear_gemm_smem(dueling: bool = False) -> int:
     """Bytes of shared memory of linear_gemm.cu: its stages (16 KiB of A and 20 KiB of weights
     each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage (and with the
-    dueling epilogue two for the staged tile), the alignment (224 KiB with 4 stages: a Hopper
+    dueling warps two for the staged tile), the alignment (224 KiB with 4 stages: a Hopper
     block may have 227)."""
     boxes = -(-LINEAR_GEMM_COLS // 32)
     return (LINEAR_GEMM_STAGES * (16384 + LINEAR_GEMM_COLS * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES
@@ -744,7 +744,7 @@ def _linear_launch(k: str, a: Sequence[Array], wt: Sequence[Array], outs: Sequen
                    bias: Sequence[Array | None] | None, mkn: tuple[int, int, int], rounded: int,
                    defines: dict[str, Any], extra: tuple = ()) -> None:
     """linear_gemm.cu's launch over checked operands (``outs`` None: no output maps, for the
-    dueling epilogue that writes none); ``defines`` and ``extra`` arguments pick a variant."""
+    dueling variant, which writes none); ``defines`` and ``extra`` arguments pick a variant."""
     M, K, N = mkn
     sets = len(a)
     c = LINEAR_GEMM_CLUSTER

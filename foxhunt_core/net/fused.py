@@ -48,8 +48,10 @@ as few launches as possible:
   TF32 GEMM, which rounds it the same way), so ``glu_gemm`` need not round it again, and
   ``glu_gemm`` writes h so for the advantage heads, which ``linear_gemm`` then computes (one
   160-column tensor-core tile per head, four stages of loads in flight: the heads, K = 256, are
-  bound by memory) with the dueling forward in its epilogue (:func:`fused_heads_dueling`): the
-  advantage rows reach memory only for a caller that reads them (the target forward's heads).
+  bound by memory) with the dueling forward in the same kernel, on warps of its own that read the
+  staged tiles while the next tile's products run (:func:`fused_heads_dueling`, where the heads'
+  tiles fill the GPU): the advantage rows reach memory only for a caller that reads them (the
+  target forward's heads).
   Otherwise (the stacked forwards of small batches, plugin gates, fp32) cuBLAS's GEMM writes
   every row's pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
@@ -272,8 +274,8 @@ STACK_MAX_ROWS = 8192
 # 1.388-1.391 against 1.387, at 65536 4.726-4.742 against 4.754 (benchmarks/bench_update.py, one
 # run each way; benchmarks/results/2026-11-30-h200/round9).
 WGRAD_HEADS_MIN_ROWS = 32768
-# The advantage heads with the dueling forward in linear_gemm's epilogue (fused_heads_dueling): off,
-# the heads' GEMM writes the advantage rows and dueling_softmax_forward reads them back.
+# The advantage heads with the dueling forward in their kernel (fused_heads_dueling, heads_dueling):
+# off, the heads' GEMM writes the advantage rows and dueling_softmax_forward reads them back.
 HEADS_DUELING = True
 
 
@@ -455,7 +457,7 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
     heads_wanted = any(HEADS in w for w in wants)
 
     def heads_dueling(g: Sequence[int], h: Array) -> bool:
-        """Branches ``g``'s advantage heads with their dueling forward in the GEMM's epilogue
+        """Branches ``g``'s advantage heads with their dueling forward in the GEMM's kernel
         (:func:`.kernels.heads_dueling`; the heads reach memory only where a segment wants them),
         where the heads run on the tensor cores, the rows' segments are of one size, the
         branches are one of the two dueling launches and their tiles fill the GPU
@@ -488,7 +490,7 @@ def _forward_group(net: Any, segs: Sequence[tuple[dict, Array, Sequence[str]]], 
         return blk[key]
 
     branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
-    done: set[tuple[int, int]] = set()  # the dueling forwards run in their heads' epilogue
+    done: set[tuple[int, int]] = set()  # the dueling forwards run in their heads' kernel
     for g in branch_groups(net):  # the direction branch first: the magnitude branch reads its Q
         d0, d1 = g[0], g[-1] + 1
         home, c0 = glu_home(net, d0)
@@ -575,7 +577,7 @@ def fused_glu(net: Any, stack: Any) -> bool:
 
 
 def fused_heads_dueling(net: Any) -> bool:
-    """Whether the advantage heads may run with the dueling forward in their epilogue
+    """Whether the advantage heads may run with the dueling forward in their kernel
     (:func:`.kernels.heads_dueling`): every branch's block of the advantage row within its tile."""
     hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
     return HEADS_DUELING and max(b - a for a, b in zip(hcol[:-1], hcol[1:])) <= K.LINEAR_GEMM_COLS

@@ -1,5 +1,5 @@
-"""Parity of linear_gemm.cu's dueling epilogue (``heads_dueling``: the advantage heads as one TF32
-tensor-core GEMM with the dueling forward of dueling_row.cuh in its epilogue) with the NumPy twins
+"""Parity of linear_gemm.cu's dueling variant (``heads_dueling``: the advantage heads as one TF32
+tensor-core GEMM with the dueling forward of dueling_row.cuh on warps beside it) with the NumPy twins
 ``reference.linear_gemm`` and ``reference.dueling_softmax_forward``.
 
 The GLU outputs and weights are TF32 values (the products are exact), so the heads carry float32
@@ -137,7 +137,7 @@ def test_heads_dueling_fewer_rows_than_a_warp_takes(cp, rng):
 
 
 def test_heads_dueling_in_a_cuda_graph(cp, rng):
-    """Captured once (the tensor maps and the epilogue's pointers travel in by-value arguments),
+    """Captured once (the tensor maps and the dueling warps' pointers travel in by-value arguments),
     replayed on new GLU outputs and value heads written into the same buffers."""
     N, offsets, S = 51, (0, 3, 6, 9, 12), 700
     heads = Heads(cp, rng, 3 * S, N, offsets)

@@ -176,7 +176,7 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
 
     def heads_dueling_fills(rows, sets):
         # As if the direction branch's tiles over the update's online pair (12 rows) were too few:
-        # the dueling forward apart, in the heads' epilogue, and there with the heads written too
+        # the dueling forward apart, in the heads' kernel, and there with the heads written too
         # (the target forward's direction branch) all run.
         return sets > 1 or rows != 12
 
@@ -519,9 +519,9 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
     assert got_target.probs is None and got_target.q is None and got.cache["z"].shape[0] == 6
     assert got_next.heads is None and got.heads is None
     if large and fused.K.glu_gemm_supported():
-        # The target's direction branch in its heads' epilogue (its heads written: the loss reads
+        # The target's direction branch in its heads' kernel (its heads written: the loss reads
         # them), the online pair's apart (heads_dueling_fills above), its magnitude branches' in
-        # the heads' epilogue (no heads written).
+        # the heads' kernel (no heads written).
         assert dueling_rows == [("heads", (0, 1), 6, True), ((0, 1), 12), ("heads", (1, 4), 12, False)]
     elif large:  # the target alone (queued first: on the side stream, beside the online pair), the online pair
         assert dueling_rows == [((0, 1), 6), ((0, 1), 12), ((1, 4), 12)]
