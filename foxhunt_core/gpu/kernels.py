@@ -815,7 +815,8 @@ def heads_dueling(
     output, ``wt[i]`` its [n, K] transposed weights, n its block of the padded advantage row,
     :func:`.launch.head_columns`, at most :data:`LINEAR_GEMM_COLS`; ``bias[i]`` [n] or None) with
     :func:`dueling_softmax_forward` of those branches (its ``segments``, ``log_probs`` .. ``zq``)
-    in the epilogue, over the rows of the ``segments`` (``seg_rows`` each, from row 0; ``M`` may
+    from the staged tiles, by warps beside the products, over the rows of the ``segments``
+    (``seg_rows`` each, from row 0; ``M`` may
     be more: those rows' heads are computed, their dueling not). ``v`` [M, N padded] the value
     head (any row pitch), ``z`` [N] the support. ``adv[i]`` ([M, n] views, any row pitch of a
     multiple of 4 floats): the heads are written there as well (a caller that reads them);
@@ -850,8 +851,6 @@ def heads_dueling(
         if len(adv) != len(a):
             raise ValueError(f"{k}: {len(adv)} adv outputs for {len(a)} sets")
         outs = [_view_out(k, f"adv[{i}]", x, (M, n))[0] for i, x in enumerate(adv)]
-    if M == 0:
-        return log_probs, probs, q, var
     ptr = [0 if x is None else x.data.ptr for x in (v, z, log_probs, probs, q, var, zq)]
     du = np.array([(*ptr, zq_pitch, zq_scale, v_pitch, d0, duel_rows, seg_rows, seg_wants, int(outs is not None))],
                   dtype=DUELING_ARGS)

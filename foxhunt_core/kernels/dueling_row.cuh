@@ -1,6 +1,6 @@
 // The dueling forward of one row (a sample's branch) by one warp, shared by dueling.cu's
-// dueling_softmax_forward and linear_gemm.cu's dueling epilogue (the advantage heads with the
-// softmax over atoms in their GEMM's epilogue), with the warp reductions and fast math it uses.
+// dueling_softmax_forward and linear_gemm.cu's dueling warps (the advantage heads' GEMM with the
+// softmax over atoms in the same kernel), with the warp reductions and fast math it uses.
 //
 // NumPy twin: foxhunt_core/gpu/reference.py dueling_softmax_forward. Compile-time sizes: sizes.cuh.
 #pragma once
