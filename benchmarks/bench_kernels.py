@@ -226,6 +226,13 @@ def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any) -> dict:
         K.heads_dueling(ins[1:], wts[1:], v, z, OFFSETS, branches=(1, D), segments=wants, seg_rows=B,
                         bias=bias[1:], rounded=H, **res)
 
+    def straight() -> None:  # the distributions straight from the lanes to memory, not through the staging buffer
+        K.HEADS_DUELING_STAGED = False
+        try:
+            fused()
+        finally:
+            K.HEADS_DUELING_STAGED = True
+
     def fused_as(segments: list, seg_rows: int) -> Any:  # heads_dueling over other segments (where the time goes)
         r1 = len(segments) * seg_rows
         wanted = {o for w in segments for o in w}
@@ -237,6 +244,7 @@ def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any) -> dict:
 
     return {"heads + dueling fwd (s: all, s': E[Q]): linear_gemm, then dueling_softmax_forward": apart,
             "heads + dueling fwd (s: all, s': E[Q]): heads_dueling": fused,
+            "heads + dueling fwd (s: all, s': E[Q]): heads_dueling, distributions straight out": straight,
             "heads + dueling fwd (s, s': E[Q] only): heads_dueling": fused_as([("q",), ("q",)], B),
             "heads + dueling fwd (one row: the GEMM alone, nothing written): heads_dueling": fused_as([("q",)], 1)}
 

@@ -84,9 +84,9 @@ def test_sources_suit_nvrtc(cu: Path) -> None:
                 assert value.replace(" ", "") == DEFAULT_DEFINES[name], f"{_rel(cu)}: default of {name}"
 
 
-# linear_gemm.cu's dueling epilogue (heads_dueling) for the layouts of its GPU tests: the default
-# (three rows at once), 21 atoms (one per lane), 64 and 101 (two and four per lane), branches of 4
-# actions (two rows at once) and of 12 (one row at a time, dueling_row).
+# linear_gemm.cu's dueling warps (heads_dueling) for the layouts of its GPU tests: eight lanes per
+# row holding 7 atoms each of the default, 3 of 21 atoms, 8 of 64, 13 of 101 (single-action
+# branches), 5 of 33 (branches of 4 actions) and 2 of 11 (branches of 12: 24 values per lane).
 DUELING_LAYOUTS = [{"LG_DUELING": "1", **branch_defines(offs, n, head_align=4)}
                    for n, offs in ((51, (0, 3, 6, 9, 12)), (21, (0, 2, 4, 6)), (64, (0, 2, 4)), (101, (0, 1, 2, 3)),
                                    (33, (0, 4, 8)), (11, (0, 12, 24)))]
@@ -196,8 +196,27 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     size = 3 * K.LINEAR_GEMM_SETS * 128 + 8 * K.LINEAR_GEMM_SETS  # sizeof(LinearArgs): maps, bias pointers
     assert K.LINEAR_ARGS.itemsize == -(-size // 64) * 64  # (__align__(64))
     assert int(defaults["LG_DUELING_WARPS"]) == K.LINEAR_GEMM_DUELING_WARPS
+    row = (ROOT / "foxhunt_core" / "kernels" / "dueling_row.cuh").read_text()
+    assert int(re.search(r"#define DG_LANES (\d+)", row).group(1)) == K.HEADS_DUELING_LANES
+    assert int(re.search(r"#define DG_BUDGET (\d+)", row).group(1)) == K.HEADS_DUELING_BUDGET
     assert K._linear_gemm_smem(dueling=True) <= 227 * 1024  # an H100/H200 block's most
     assert K._linear_gemm_smem() <= 227 * 1024 and K._glu_gemm_smem() <= 227 * 1024
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("atoms", "offsets"), [((12, (0, 12, 24))), (12, (0, 13)), (8, (0, 20, 44)), (8, (0, 25))])
+def test_heads_dueling_refuses_exactly_the_layouts_its_kernel_does(atoms: int, offsets: tuple, tmp_path: Path) -> None:
+    """heads_dueling_supported, the wrapper's twin of dueling_row.cuh's DG_FITS: where it says no,
+    linear_gemm.cu's dueling build stops at its static_assert; where yes, it compiles."""
+    from foxhunt_core.gpu import kernels as K
+
+    defines = {**DEFAULT_DEFINES, "LG_DUELING": "1", **branch_defines(offsets, atoms, head_align=4)}
+    cu = ROOT / "foxhunt_core" / "kernels" / "linear_gemm.cu"
+    if K.heads_dueling_supported(offsets, atoms):
+        _compile(cu, defines, tmp_path)
+    else:
+        with pytest.raises(pytest.fail.Exception, match="more than DG_BUDGET values per lane"):
+            _compile(cu, defines, tmp_path)
 
 
 @needs_nvcc

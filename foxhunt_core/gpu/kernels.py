@@ -31,7 +31,7 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   epilogue) and ``reference.linear_gemm`` (up to four linear layers per launch); a CTA per SM,
   a tile of 128 rows per two consumer warpgroups. ``heads_dueling``: ``linear_gemm`` over the
   advantage heads and the dueling forward of ``dueling_softmax_forward`` from the staged tiles,
-  by seven dueling warps per CTA beside the consumers (a warp per row, three rows at once).
+  by seven dueling warps per CTA beside the consumers (eight lanes per row, four rows at once).
   ``transpose``: the weights transposed and rounded to TF32 as both read them. ``wgrad_gemm``:
   ``reference.wgrad_gemm`` (a weight gradient over the batch, its operand A from registers); a
   CTA per 128 output columns and slice of the batch, then a thread per element sums the slices;
@@ -109,6 +109,7 @@ __all__ = [
     "glu_gemm_supported",
     "heads_dueling",
     "heads_dueling_fills",
+    "heads_dueling_supported",
     "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
@@ -781,6 +782,20 @@ def heads_dueling_fills(rows: int, sets: int) -> bool:
     return sets * -(-rows // GLU_GEMM_ROWS) >= sm_count()
 
 
+HEADS_DUELING_LANES = 8  # lanes per row of heads_dueling's dueling warps (dueling_row.cuh DG_LANES)
+HEADS_DUELING_BUDGET = 24  # a branch's logits per lane, at most (DG_BUDGET)
+HEADS_DUELING_STAGED = True  # False: the distributions straight out, not through the staging buffer (LG_DUELING_STAGED)
+
+
+def heads_dueling_supported(offsets: Sequence[int], num_atoms: int) -> bool:
+    """Whether :func:`heads_dueling`'s dueling warps take the branch layout: each lane of a row's
+    eight holds its atoms of every action of a branch, at most 24 values (dueling_row.cuh
+    DG_FITS). Branches of 13 or more actions with 9 to 12 atoms (or of 25 or more) do not fit;
+    their dueling forward runs apart (:func:`dueling_softmax_forward`)."""
+    largest = max(int(b) - int(a) for a, b in zip(offsets[:-1], offsets[1:]))
+    return largest * -(-int(num_atoms) // HEADS_DUELING_LANES) <= HEADS_DUELING_BUDGET
+
+
 # linear_gemm.cu's DuelingArgs (LG_DUELING): v, z, the outputs (dueling_row.cuh's DuelingOutputs),
 # then the epilogue's sizes.
 DUELING_ARGS = np.dtype([("v", np.uint64), ("z", np.uint64), ("log_probs", np.uint64), ("probs", np.uint64),
@@ -836,6 +851,9 @@ def heads_dueling(
     if len(widths) != 1 or widths.pop() > LINEAR_GEMM_COLS:
         raise ValueError(f"{k}: the branches' advantage blocks must be of one width, at most {LINEAR_GEMM_COLS} "
                          f"columns; got {[cols[d + 1] - cols[d] for d in range(d0, d1)]}")
+    if not heads_dueling_supported(offs, N):
+        raise ValueError(f"{k}: branches of {max(np.diff(offs))} actions of {N} atoms take more than "
+                         f"{HEADS_DUELING_BUDGET} values per lane of the dueling warps (run the dueling forward apart)")
     M, K, n = _linear_operands(k, a, wt, bias, rounded)
     if n != cols[d0 + 1] - cols[d0]:
         raise ValueError(f"{k}: wt has {n} rows, branch {d0}'s advantage block {cols[d0 + 1] - cols[d0]} columns")
@@ -854,8 +872,10 @@ def heads_dueling(
     ptr = [0 if x is None else x.data.ptr for x in (v, z, log_probs, probs, q, var, zq)]
     du = np.array([(*ptr, zq_pitch, zq_scale, v_pitch, d0, duel_rows, seg_rows, seg_wants, int(outs is not None))],
                   dtype=DUELING_ARGS)
+    staged = {} if HEADS_DUELING_STAGED else {"LG_DUELING_STAGED": 0}  # (else the layout's default)
     _linear_launch(k, a, wt, outs, bias, (M, K, n), rounded,
-                   {"LG_RELU": 0, "LG_ROUND_OUT": 0, "LG_DUELING": 1, **branch_defines(offs, N, HEAD_ALIGN)}, (du,))
+                   {"LG_RELU": 0, "LG_ROUND_OUT": 0, "LG_DUELING": 1, **staged, **branch_defines(offs, N, HEAD_ALIGN)},
+                   (du,))
     return log_probs, probs, q, var
 
 

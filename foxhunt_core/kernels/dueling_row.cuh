@@ -1,6 +1,7 @@
-// The dueling forward of one row (a sample's branch) by one warp, shared by dueling.cu's
-// dueling_softmax_forward and linear_gemm.cu's dueling warps (the advantage heads' GEMM with the
-// softmax over atoms in the same kernel), with the warp reductions and fast math it uses.
+// The dueling forward of one row (a sample's branch): by one warp (dueling_row: dueling.cu's
+// dueling_softmax_forward) or by a group of eight lanes (dueling_group_row: linear_gemm.cu's
+// dueling warps, the advantage heads' GEMM with the softmax over atoms in the same kernel), with
+// the warp reductions and fast math they use.
 //
 // NumPy twin: foxhunt_core/gpu/reference.py dueling_softmax_forward. Compile-time sizes: sizes.cuh.
 #pragma once
@@ -300,117 +301,128 @@ __device__ __forceinline__ void dueling_row(DuelingInputs& in, int lane, unsigne
 
 }
 
-// dueling_rows<R>: R rows of one branch at once (3 R MAX_BRANCH_SIZE <= 32), for a warp
-// that has no other warps to hide its latency behind (linear_gemm.cu's dueling warps): the rows'
-// actions are reduced over the warp together, as one row's R MAX_BRANCH_SIZE actions would be (one
-// chain of shuffles for all of them), and the sums for var always (no branch between the rows'
-// work). Row r is b[r], written only where valid[r], its outputs as wants[r] asks.
-//
-// The lanes' roles after warp_spread<3 G> of [S .., sum e z .., sum e z^2 ..] (G = R M virtual
-// actions): 5-bit fields t + 1 (0: the lane holds no sum e z), the lanes holding that action's S
-// and sum e z^2.
-template <int G>
-__device__ __forceinline__ unsigned dueling_rows_lanes(int lane) {
-    const int t = spread_index<3 * G>(lane) - G;
-    const bool own = t >= 0 && t < G;
-    unsigned lanes = (own ? t + 1 : 0) | spread_lane<3 * G>(own ? t : 0) << 5
-        | spread_lane<3 * G>(2 * G + (own ? t : 0)) << 10;
-    asm volatile("" : "+r"(lanes));  // computed once, not again in the loops
-    return lanes;
+// The lane-group form: a row (a sample's branch) by DG_LANES = 8 lanes of a warp, four rows at
+// once, for linear_gemm.cu's dueling warps (seven warps beside the GEMM's, with no other warps to
+// hide their latency behind). Lane l of a group holds atoms l, l + 8, .. (DG_ATOMS of them) of
+// every action, so a row's reductions over its atoms are three butterfly steps (every lane ends
+// with every action's sums: no spreading, no selects, no broadcasts) and one shuffle serves four
+// rows. A row of the default layout (3 actions of 51 atoms) costs about a third of the
+// instructions of a row by a whole warp (dueling_row). DG_FITS: a branch's logits and
+// exponentials within DG_BUDGET values per lane each (in registers beside the GEMM's consumers);
+// the wrapper refuses other layouts (foxhunt_core/gpu/kernels.py heads_dueling_supported, the twin:
+// branches of 13 or more actions with 9 to 12 atoms, or of 25 or more).
+#define DG_LANES 8
+#define DG_BUDGET 24
+#define DG_ATOMS ((NUM_ATOMS + DG_LANES - 1) / DG_LANES)
+#define DG_FITS (MAX_BRANCH_SIZE * DG_ATOMS <= DG_BUDGET)
+
+// Sums over the L lanes of a group (aligned groups: xor offsets below L stay within it), every
+// lane getting each total.
+template <int L, int M, class Op>
+__device__ __forceinline__ void group_allreduce(float (&x)[M], Op op) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < M; ++i) x[i] = op(x[i], __shfl_xor_sync(FULL_MASK, x[i], o));
 }
 
-template <int R>
-__device__ __forceinline__ void dueling_rows(DuelingInputs (&in)[R], int lane, const unsigned (&b)[R],
-                                             const bool (&valid)[R], int d, const int (&wants)[R],
-                                             const float (&zz)[ATOMS_PER_LANE], const float (&zz2)[ATOMS_PER_LANE],
-                                             unsigned lanes, const DuelingOutputs& out) {
+// dueling_group_row's distributions straight to global memory: log_probs = y ln 2 - ln S,
+// probs = e / S at row b's actions a0 .., the lane's atoms l + L k.
+template <int L>
+struct GroupDists {
+    float *log_probs, *probs;
+    template <int K>
+    __device__ __forceinline__ void operator()(bool lp, bool p, unsigned b, int a0, int n, int l,
+                                               const float (&y)[MAX_BRANCH_SIZE][K], const float (&e)[MAX_BRANCH_SIZE][K],
+                                               const float (&sums)[3 * MAX_BRANCH_SIZE]) const {
+        const size_t o = ((size_t)b * NUM_ACTIONS + a0) * NUM_ATOMS + l;  // atom l of the branch's first action
+#pragma unroll
+        for (int a = 0; a < MAX_BRANCH_SIZE; ++a) {
+            if (a >= n) continue;
+            if (lp) {
+                const float lse = lg2_approx(sums[a]) * LN2;  // ln S
+#pragma unroll
+                for (int k = 0; k < K; ++k)
+                    if (l + L * k < NUM_ATOMS) log_probs[o + a * NUM_ATOMS + L * k] = fmaf(y[a][k], LN2, -lse);
+            }
+            if (p) {
+                const float rs = rcp_approx(sums[a]);
+#pragma unroll
+                for (int k = 0; k < K; ++k)
+                    if (l + L * k < NUM_ATOMS) probs[o + a * NUM_ATOMS + L * k] = e[a][k] * rs;
+            }
+        }
+    }
+};
+
+// Row b's branch d by the L lanes of this lane's group, lane l of them (dueling_row's outputs and
+// math): y comes in as the row's advantages (atoms l + L k of each action, 0 where absent) and v
+// its value head's, and is turned in place into the logits in units of log2 less their maximum.
+// Writes only where `valid`, what bits 0 / 1 / 2 of `wants` ask of log_probs / probs / var (q
+// always); lane a % L writes action a's q, var and zq. zz, zz2: the support at the lane's atoms
+// and its squares (0 past N). The distributions go out through `dists` (GroupDists: straight to
+// global memory): dists(lp, p, b, a0, n, l, y, e, s) with lp / p whether this row writes
+// log_probs / probs, y and e the logits (log2 units, less the maximum) and 2^y, s[a] = S_a the
+// action's sum of e (log p = y ln 2 - ln S, p = e / S); it is called by every lane of the warp
+// (it may synchronize it).
+template <int L, int K, class Dists>
+__device__ __forceinline__ void dueling_group_row(float (&y)[MAX_BRANCH_SIZE][K], const float (&v)[K], int l,
+                                                  unsigned b, bool valid, int d, int wants, const float (&zz)[K],
+                                                  const float (&zz2)[K], const DuelingOutputs& out, const Dists& dists) {
     constexpr int M = MAX_BRANCH_SIZE;
-    constexpr int G = R * M;  // virtual action t = r M + i: row r's action i
-    static_assert(3 * G <= 32, "dueling_rows: the R rows' three sums per action in one reduction");
     const float neg_inf = __int_as_float(0xff800000);
     const int a0 = kBranchOffsets[d];
     const int n = branch_size(d);
     const float scale = LOG2E * rcp_approx((float)n);  // log2(e) / n
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const bool atom = l + L * k < NUM_ATOMS;
+        float sum = 0.0f;
+#pragma unroll
+        for (int a = 0; a < M; ++a)
+            if (a < n) sum = a == 0 ? y[0][k] : sum + y[a][k];
+        const float c = fmaf(v[k], LOG2E, -sum * scale);  // (v - mean adv) log2(e)
+#pragma unroll
+        for (int a = 0; a < M; ++a) y[a][k] = a < n && atom ? fmaf(y[a][k], LOG2E, c) : neg_inf;
+    }
+    float mx[M];
+#pragma unroll
+    for (int a = 0; a < M; ++a) {
+        mx[a] = y[a][0];
+#pragma unroll
+        for (int k = 1; k < K; ++k) mx[a] = fmaxf(mx[a], y[a][k]);
+    }
+    group_allreduce<L>(mx, MaxOp());
+    // e and the sums S, sum e z, sum e z^2 (padding atoms have e = 0 and z = 0; absent actions e = 0).
+    float e[M][K], s[3 * M];
+#pragma unroll
+    for (int a = 0; a < M; ++a) {
+        const bool live = a < n;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            y[a][k] -= mx[a];  // padding atoms stay at -inf and get e = 0
+            e[a][k] = live ? ex2_approx(y[a][k]) : 0.0f;
+            s[a] = k == 0 ? e[a][0] : s[a] + e[a][k];
+            s[M + a] = k == 0 ? e[a][0] * zz[0] : fmaf(e[a][k], zz[k], s[M + a]);
+            s[2 * M + a] = k == 0 ? e[a][0] * zz2[0] : fmaf(e[a][k], zz2[k], s[2 * M + a]);
+        }
+    }
+    group_allreduce<L>(s, AddOp());
 
-    // y (as dueling_row): the logits in units of log2, -inf at padding atoms and absent actions.
-    float y[G][ATOMS_PER_LANE];
+    const bool lp = valid && out.log_probs != nullptr && (wants & 1);
+    const bool p = valid && out.probs != nullptr && (wants & 2);
+    const bool vr = valid && out.var != nullptr && (wants & 4);
+    dists(lp, p, b, a0, n, l, y, e, s);
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            const int j = lane + 32 * k;
-            float sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < M; ++i)
-                if (i < n) sum = i == 0 ? in[r].adv[0][k] : sum + in[r].adv[i][k];
-            const float mean = sum * scale;
-#pragma unroll
-            for (int i = 0; i < M; ++i)
-                y[r * M + i][k] = i < n && j < NUM_ATOMS ? fmaf(in[r].v[k] + in[r].adv[i][k], LOG2E, -mean) : neg_inf;
-        }
-    float mx[G];
-#pragma unroll
-    for (int t = 0; t < G; ++t) {
-        mx[t] = y[t][0];
-#pragma unroll
-        for (int k = 1; k < ATOMS_PER_LANE; ++k) mx[t] = fmaxf(mx[t], y[t][k]);
-    }
-    const float mx_held = warp_spread(mx, neg_inf, MaxOp());
-    float e[G][ATOMS_PER_LANE], s[3 * G];
-#pragma unroll
-    for (int t = 0; t < G; ++t) {
-        const float mt = __shfl_sync(FULL_MASK, mx_held, spread_lane<G>(t));
-        const bool live = t % M < n;
-#pragma unroll
-        for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-            y[t][k] -= mt;  // padding atoms stay at -inf and get e = 0
-            e[t][k] = live ? ex2_approx(y[t][k]) : 0.0f;
-            s[t] = k == 0 ? e[t][0] : s[t] + e[t][k];
-            s[G + t] = k == 0 ? e[t][0] * zz[0] : fmaf(e[t][k], zz[k], s[G + t]);
-            s[2 * G + t] = k == 0 ? e[t][0] * zz2[0] : fmaf(e[t][k], zz2[k], s[2 * G + t]);
-        }
-    }
-    const float held = warp_spread(s, 0.0f, AddOp());
-
-#pragma unroll
-    for (int t = 0; t < G; ++t) {
-        const int r = t / M, i = t % M;
-        const float st = __shfl_sync(FULL_MASK, held, spread_lane<3 * G>(t));  // S of virtual action t
-        const bool lp = valid[r] && i < n && out.log_probs != nullptr && (wants[r] & 1);
-        const bool p = valid[r] && i < n && out.probs != nullptr && (wants[r] & 2);
-        const size_t o = ((size_t)b[r] * NUM_ACTIONS + a0 + i) * NUM_ATOMS + lane;
-        if (lp) {
-            const float lse = lg2_approx(st) * LN2;  // ln S
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                if (lane + 32 * k < NUM_ATOMS) out.log_probs[o + 32 * k] = fmaf(y[t][k], LN2, -lse);
-        }
-        if (p) {
-            const float rs = rcp_approx(st);
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                if (lane + 32 * k < NUM_ATOMS) out.probs[o + 32 * k] = e[t][k] * rs;
-        }
-    }
-    // E[Q], var and zq of the virtual action whose sum e z this lane holds.
-    const int own = (int)(lanes & 31u) - 1;
-    const float s_own = __shfl_sync(FULL_MASK, held, (lanes >> 5) & 31u);
-    const float s2_own = __shfl_sync(FULL_MASK, held, (lanes >> 10) & 31u);
-    if (own >= 0) {
-        const int r = own / M, i = own % M;
-        bool ok = false;
-        unsigned row = 0;
-        int w = 0;
-#pragma unroll
-        for (int u = 0; u < R; ++u)  // (row r's fields without indexing the register arrays)
-            if (u == r) ok = valid[u], row = b[u], w = wants[u];
-        if (ok && i < n) {
-            const size_t a = (size_t)row * NUM_ACTIONS + a0 + i;
-            const float rs = rcp_approx(s_own);
-            const float qa = held * rs;
-            out.q[a] = qa;
-            if (out.var != nullptr && (w & 4)) out.var[a] = fmaxf(s2_own * rs - qa * qa, 0.0f);
-            if (out.zq != nullptr && d == 0) out.zq[(size_t)row * (unsigned)out.zq_pitch + i] = qa * out.zq_scale;
+    for (int a = 0; a < M; ++a) {
+        if (a >= n) continue;
+        if (valid && l == a % L) {
+            const size_t qa_at = (size_t)b * NUM_ACTIONS + a0 + a;
+            const float rs = rcp_approx(s[a]);
+            const float qa = s[M + a] * rs;
+            out.q[qa_at] = qa;
+            if (vr) out.var[qa_at] = fmaxf(s[2 * M + a] * rs - qa * qa, 0.0f);
+            if (out.zq != nullptr && d == 0) out.zq[(size_t)b * (unsigned)out.zq_pitch + a] = qa * out.zq_scale;
         }
     }
 }

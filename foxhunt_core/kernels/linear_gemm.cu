@@ -26,13 +26,15 @@
 // (dueling_row.cuh; NumPy twin: reference.py dueling_softmax_forward) of the tile's rows below
 // duel_rows runs from the staged tile, by LG_DUELING_WARPS dueling warps beside the consumers: the
 // consumers stage a tile, hand it over (tile_full) and go on to the next tile's products; the
-// dueling warps read the rows back, bring the value head v's rows from global memory (one group
-// ahead), write log_probs / probs / var (per segment of seg_rows rows, as seg_wants asks:
-// dueling.cu), q and the direction branch's zq, and hand the buffer back (tile_empty). The
-// advantage rows themselves reach memory only with store_out (a forward whose caller reads the
+// dueling warps read the rows back (eight lanes per row, four rows per warp at once:
+// dueling_group_row), bring the value head v's rows from global memory (one pass ahead), write
+// log_probs / probs / var (per segment of seg_rows rows, as seg_wants asks: dueling.cu), q and
+// the direction branch's zq, and hand the buffer back (tile_empty). The distributions go out
+// through the rows' own slots of the staging buffer (StagedDists), 32 consecutive floats a store.
+// The advantage rows themselves reach memory only with store_out (a forward whose caller reads the
 // heads): the [rows, 624] round trip between linear_gemm and dueling_softmax_forward is what the
-// fusion saves. The dueling warps set the pace (the GEMM alone takes about a third of the time:
-// benchmarks/bench_kernels.py --only dueling).
+// fusion saves. The dueling warps still set the pace at 65536 rows (the GEMM alone takes about half
+// the time: benchmarks/bench_kernels.py --only dueling).
 //
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py linear_gemm): the tensor maps
 // describe A_b [M, K], wt_b [N, K] and out_b [M, N] with boxes of 32 columns x 128 rows (wt:
@@ -70,12 +72,12 @@
 // (the consumers' products need 106; with 8 dueling warps ptxas allots 96). setmaxnreg would not
 // help: ptxas allots every warp's code the launch's count.
 #define LG_DUELING_WARPS 7
-// Rows a dueling warp takes at once (dueling_rows: their three sums per action in one reduction),
-// at most 3 (in 128 registers); one row at a time (dueling_row) for branches of more than ten actions.
-#define LG_DUELING_ROWS_FIT (32 / (3 * MAX_BRANCH_SIZE))
-#ifndef LG_DUELING_ROWS
-#define LG_DUELING_ROWS (LG_DUELING_ROWS_FIT > 3 ? 3 : LG_DUELING_ROWS_FIT < 1 ? 1 : LG_DUELING_ROWS_FIT)
+// 1: the distributions out through the staging buffer (StagedDists; 393.6 against 440.6 us for
+// the online pair's heads at 65536), where its registers fit (24 values per lane spill).
+#ifndef LG_DUELING_STAGED
+#define LG_DUELING_STAGED (MAX_BRANCH_SIZE * DG_ATOMS <= 21)
 #endif
+static_assert(DG_FITS, "heads_dueling: a branch's logits take more than DG_BUDGET values per lane");
 #define LG_THREADS (TC_THREADS + 32 * LG_DUELING_WARPS)
 #else
 #define LG_THREADS TC_THREADS
@@ -108,89 +110,149 @@ struct DuelingArgs {
     int v_pitch, branch0, duel_rows, seg_rows, seg_wants, store_out;
 };
 
-// The dueling warps: warp w (0 .. LG_DUELING_WARPS - 1) of them takes rows w, w + LG_DUELING_WARPS,
-// ... of each tile the consumers stage (tile_full), LG_DUELING_ROWS at once (dueling_rows: one
-// warp has no other warps to hide its shuffles' and exponentials' latency behind, only the rows'
-// independent work), v's rows loading one group ahead (the tile's first two groups while they
-// wait), and hands the staging buffer back (tile_empty) once every row is read. The arguments it
-// reads in its loop are copied into registers first, and a row's segment found by walking the
-// boundaries (with the arguments read through the parameters' address and a division per row,
-// the kernel took 8% longer).
+// dueling_group_row's distributions through the staging buffer: each of a pass's S rows (tile rows
+// r0 .., rows b0 .. of the outputs) writes its values into its own row of the buffer (read already,
+// 160 columns: room for a branch's n N), then the whole warp copies one row at a time out, 32
+// consecutive floats per store (straight from the lanes, a store reaches S rows' scattered 8-float
+// runs). One distribution at a time (a row holds one).
+struct StagedDists {
+    float *log_probs, *probs;
+    unsigned obuf;
+    int r0;
+    unsigned b0;
+    int lane;
+    template <int K>
+    __device__ __forceinline__ void operator()(bool lp, bool p, unsigned, int a0, int n, int l,
+                                               const float (&y)[MAX_BRANCH_SIZE][K], const float (&e)[MAX_BRANCH_SIZE][K],
+                                               const float (&sums)[3 * MAX_BRANCH_SIZE]) const {
+        float at[MAX_BRANCH_SIZE];  // ln S, then 1 / S
+#pragma unroll
+        for (int a = 0; a < MAX_BRANCH_SIZE; ++a) at[a] = lp && a < n ? lg2_approx(sums[a]) * LN2 : 0.0f;
+        put<K>(lp, a0, n, l, log_probs, [&](int a, int k) { return fmaf(y[a][k], LN2, -at[a]); });
+#pragma unroll
+        for (int a = 0; a < MAX_BRANCH_SIZE; ++a) at[a] = p && a < n ? rcp_approx(sums[a]) : 0.0f;
+        put<K>(p, a0, n, l, probs, [&](int a, int k) { return e[a][k] * at[a]; });
+    }
+    template <int K, class F>
+    __device__ __forceinline__ void put(bool want, int a0, int n, int l, float* dst, F value) const {
+        constexpr int L = DG_LANES, S = 32 / L;
+        const unsigned rows_wanting = __ballot_sync(FULL_MASK, want);
+        if (rows_wanting == 0) return;
+        if (want) {
+            const int r = r0 + lane / L;
+            const unsigned rb = obuf + r * 128, rho = (r & 7) << 4;
+#pragma unroll
+            for (int a = 0; a < MAX_BRANCH_SIZE; ++a)
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    const int c = a * NUM_ATOMS + l + L * k;
+                    if (a < n && l + L * k < NUM_ATOMS)
+                        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(rb + ((((c >> 5) * (TC_BM * 128)) + (c & 31) * 4) ^ rho)),
+                                     "f"(value(a, k)) : "memory");
+                }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < S; ++u) {
+            if (!((rows_wanting >> (u * L)) & 1u)) continue;
+            const int r = r0 + u;
+            const unsigned at = obuf + r * 128 + ((lane * 4) ^ ((r & 7) << 4));
+            float* const row = dst + ((size_t)(b0 + u) * NUM_ACTIONS + a0) * NUM_ATOMS + lane;
+#pragma unroll
+            for (int c0 = 0; c0 < MAX_BRANCH_SIZE * NUM_ATOMS; c0 += 32) {
+                if (c0 + lane >= n * NUM_ATOMS) break;
+                float x;
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(at + (c0 >> 5) * (TC_BM * 128)) : "memory");
+                row[c0] = x;
+            }
+        }
+        __syncwarp();
+    }
+};
+
+// The dueling warps: groups of DG_LANES lanes take a row each (dueling_group_row), so a warp takes
+// S = 32 / DG_LANES rows of a tile at once (a pass: rows t S .. t S + S - 1), warp w the passes w,
+// w + LG_DUELING_WARPS, .. of each tile the consumers stage (tile_full). A lane brings its row's v
+// from global memory one pass ahead (the tile's first while it waits), reads the staged advantages
+// at its atoms, and after the reads of its warp's last pass of the tile hands the staging buffer
+// back (tile_empty): the consumers stage the next tile while that pass's math runs. The arguments
+// read in the loop are copied into registers first, and a row's segment found by walking the
+// boundaries (no division per row).
 __device__ __forceinline__ void dueling_warp(const DuelingArgs& du, const Schedule<LG_CLUSTER>& sched, int per_set,
                                              int M, unsigned obuf, unsigned tile_full, unsigned tile_empty, int w,
                                              int lane) {
-    constexpr int R = LG_DUELING_ROWS, W = LG_DUELING_WARPS;
-    // The arguments this warp reads in its loop, in registers (not re-read from the parameters).
+    constexpr int L = DG_LANES, K = DG_ATOMS, S = 32 / L, W = LG_DUELING_WARPS;
+    constexpr int PASSES = TC_BM / S;  // of a tile
+    constexpr int PERIOD = 32 / L;     // atoms k and k + PERIOD: the same column one 32-column box on
     const DuelingOutputs outs = du.out;
     const float* const v = du.v;
     const unsigned v_pitch = (unsigned)du.v_pitch;
     const int seg_rows = du.seg_rows, seg_wants = du.seg_wants, branch0 = du.branch0;
-    float zz[ATOMS_PER_LANE], zz2[ATOMS_PER_LANE];
-    dueling_support(du.z, lane, zz, zz2);
-#if LG_DUELING_ROWS_FIT
-    const unsigned lanes = dueling_rows_lanes<R * MAX_BRANCH_SIZE>(lane);
-#else
-    const unsigned lanes = dueling_spread_lanes(lane);
-#endif
+    const int g = lane / L, l = lane % L;  // this lane's row of a pass, its atoms l + L k
+    float zz[K], zz2[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        zz[k] = l + L * k < NUM_ATOMS ? du.z[l + L * k] : 0.0f;
+        zz2[k] = zz[k] * zz[k];
+    }
     const int rows = min(du.duel_rows, M);
-    // v's atoms lane + 32 k of the R rows from tile row r (W apart), or nothing past the rows.
-    auto load_v = [&](int m0, int r, float (&vr)[R][ATOMS_PER_LANE]) {
+    auto load_v = [&](int row, float (&vr)[K]) {  // row's v at the lane's atoms (nothing past the rows)
+        if (row >= rows) return;
+        const float* src = v + (size_t)row * v_pitch + l;
 #pragma unroll
-        for (int u = 0; u < R; ++u) {
-            const int row = m0 + r + u * W;
-            if (r + u * W >= TC_BM || row >= rows) continue;
-            const float* src = v + (size_t)row * v_pitch;
-#pragma unroll
-            for (int k = 0; k < ATOMS_PER_LANE; ++k)
-                if (lane + 32 * k < NUM_ATOMS) vr[u][k] = src[lane + 32 * k];
-        }
+        for (int k = 0; k < K; ++k)
+            if (l + L * k < NUM_ATOMS) vr[k] = src[L * k];
     };
     unsigned phase = 0;
     for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
         const int m0 = sched.row0(p);
         const int d = branch0 + sched.col_tile(p) / per_set, n = branch_size(d);
-        // The segment of the tile's first row and where the next begins (rows only grow).
+        // The segment of the tile's first row and where the next begins (a lane's rows only grow).
         int seg_end = (m0 / seg_rows + 1) * seg_rows, seg_bits = seg_wants >> (3 * (m0 / seg_rows));
-        float va[R][ATOMS_PER_LANE], vb[R][ATOMS_PER_LANE];
-        load_v(m0, w, va);
-        load_v(m0, w + R * W, vb);
+        float vn[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) vn[k] = 0.0f;
+        load_v(m0 + w * S + g, vn);
         mbar_wait(tile_full, phase);
-        for (int r0 = w; r0 < TC_BM && m0 + r0 < rows; r0 += R * W) {
-            DuelingInputs in[R];
-            unsigned b[R];
-            bool valid[R];
-            int wants[R];
+        bool released = false;
+        for (int t = w; t < PASSES && m0 + t * S < rows; t += W) {
+            const int r = t * S + g, row = m0 + r;
+            const bool valid = row < rows;
+            // The staged advantages at the lane's atoms: staged_at's swizzle, the lane's part of the
+            // address fixed per atom (the compiler keeps or remakes it), the row's added.
+            const unsigned rb = obuf + r * 128, rho = (r & 7) << 4;
+            float y[MAX_BRANCH_SIZE][K];
 #pragma unroll
-            for (int u = 0; u < R; ++u) {
-                const int r = r0 + u * W, row = m0 + r;
-                valid[u] = r < TC_BM && row < rows;
-                b[u] = (unsigned)row;
-                while (valid[u] && row >= seg_end) {
-                    seg_end += seg_rows;
-                    seg_bits >>= 3;
+            for (int a = 0; a < MAX_BRANCH_SIZE; ++a)
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    y[a][k] = 0.0f;
+                    const int c = a * NUM_ATOMS + l + L * (k % PERIOD);
+                    const unsigned at = rb + (((c >> 5) * (TC_BM * 128) + (c & 31) * 4) ^ rho) + (k / PERIOD) * (TC_BM * 128);
+                    if (valid && a < n && l + L * k < NUM_ATOMS)
+                        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y[a][k]) : "r"(at));
                 }
-                wants[u] = valid[u] ? seg_bits & 7 : 0;
+            const bool last = t + W >= PASSES || m0 + (t + W) * S >= rows;
+            if (last && !LG_DUELING_STAGED)  // every read of this warp's done: the buffer back to the consumers
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile_empty) : "memory");
+            released |= last;
+            float vc[K];
 #pragma unroll
-                for (int k = 0; k < ATOMS_PER_LANE; ++k) {
-                    const int j = lane + 32 * k;
-                    in[u].v[k] = va[u][k];
-                    va[u][k] = vb[u][k];
-#pragma unroll
-                    for (int a = 0; a < MAX_BRANCH_SIZE; ++a) {
-                        in[u].adv[a][k] = 0.0f;
-                        if (valid[u] && a < n && j < NUM_ATOMS)
-                            asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(in[u].adv[a][k]) : "r"(staged_at(obuf, r, a * NUM_ATOMS + j)));
-                    }
-                }
+            for (int k = 0; k < K; ++k) vc[k] = vn[k];
+            if (!last) load_v(row + W * S, vn);
+            while (valid && row >= seg_end) {
+                seg_end += seg_rows;
+                seg_bits >>= 3;
             }
-            load_v(m0, r0 + 2 * R * W, vb);
-#if LG_DUELING_ROWS_FIT
-            dueling_rows<R>(in, lane, b, valid, d, wants, zz, zz2, lanes, outs);
+#if LG_DUELING_STAGED
+            const StagedDists dists{outs.log_probs, outs.probs, obuf, t * S, (unsigned)(m0 + t * S), lane};
 #else
-            if (valid[0]) dueling_row(in[0], lane, b[0], d, wants[0], zz, zz2, lanes, outs);
+            const GroupDists<L> dists{outs.log_probs, outs.probs};
 #endif
+            dueling_group_row<L, K>(y, vc, l, (unsigned)row, valid, d, valid ? seg_bits & 7 : 0, zz, zz2, outs, dists);
+            if (last && LG_DUELING_STAGED) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile_empty) : "memory");
         }
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile_empty) : "memory");
+        if (!released) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tile_empty) : "memory");
     }
 }
 #endif
@@ -292,6 +354,11 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
                 for (int x = 0; x < LG_BOXES; ++x)
                     if (n0 + 32 * x < N) tma_store(&args.out[b], obuf + x * (TC_BM * 128), n0 + 32 * x, m0);
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#if LG_DUELING && LG_DUELING_STAGED
+                // The dueling warps write their distributions over the staged rows: the stores
+                // must have read them first (thread 0 arrives at tile_full after this).
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
             }
         }
 #if LG_DUELING

@@ -263,10 +263,12 @@ def pairs(net: Any) -> bool:
 
 # Up to this many rows per forward, forwards over stacked parameter trees run as strided-batched
 # GEMMs; beyond it, the forwards of one tree run as one GEMM and the others apart, the target's
-# on the side stream (on the H200 the strided-batched kernels are slower past 16384 rows,
-# benchmarks/bench_stack.py, and at 16384 the update is about 1% faster with the forwards apart
-# and the advantage layers one GEMM each: benchmarks/bench_update.py --stack-max 16384).
-STACK_MAX_ROWS = 8192
+# on the side stream, where the GLUs and the heads run as glu_gemm and heads_dueling. On the H200,
+# with the dueling forward's eight lanes per row in the heads' kernel, the update is faster apart
+# from 2048 rows: 0.371 against 0.378 ms at 2048, 0.508 against 0.551 at 4096 (benchmarks/
+# bench_update.py --stack-max, one run each: benchmarks/results/2026-12-01-h200). Smaller batches
+# (the training default, 128) stay stacked: fewer launches, not measured apart.
+STACK_MAX_ROWS = 1024
 # From this many rows the advantage heads' weight gradients run as wgrad_gemm_sets (fused_wgrad with
 # heads). Alone it beats cuBLAS's GEMMs at every size (35.5 / 73.7 / 213.8 against 46.4 / 93.9 /
 # 296.4 us at 4096 / 16384 / 65536 rows), but on the side stream it takes every SM's shared memory
@@ -578,9 +580,12 @@ def fused_glu(net: Any, stack: Any) -> bool:
 
 def fused_heads_dueling(net: Any) -> bool:
     """Whether the advantage heads may run with the dueling forward in their kernel
-    (:func:`.kernels.heads_dueling`): every branch's block of the advantage row within its tile."""
+    (:func:`.kernels.heads_dueling`): every branch's block of the advantage row within its tile
+    and the branches' logits within the dueling warps' registers
+    (:func:`.kernels.heads_dueling_supported`)."""
     hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
-    return HEADS_DUELING and max(b - a for a, b in zip(hcol[:-1], hcol[1:])) <= K.LINEAR_GEMM_COLS
+    return (HEADS_DUELING and max(b - a for a, b in zip(hcol[:-1], hcol[1:])) <= K.LINEAR_GEMM_COLS
+            and K.heads_dueling_supported(net.offsets, net.num_atoms))
 
 
 def fused_glu_backward(net: Any) -> bool:

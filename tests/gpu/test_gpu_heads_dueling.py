@@ -26,10 +26,10 @@ H = 256  # the GLU width (K of the heads)
 ALL = ("log_probs", "probs", "q", "var")
 WANTS = [ALL, ("q",), ("probs",)]  # the update's three segments (online s, online s', target s')
 # (atoms, branch offsets) with every branch's block of the advantage row of one width, at most the
-# tile's 160 columns: the default (156; a dueling warp takes three rows at once), fewer atoms than
-# a warp (44), exactly two per lane (128), four per lane with single-action branches (104), one atom
-# in a lane's second slot and branches of four (132; two rows at once), branches of twelve (132;
-# one row at a time).
+# tile's 160 columns; a row's eight lanes hold 7 atoms each of the default (156 columns), 3 of 21
+# atoms (44), 8 of 64 (128; no padding atom), 13 of 101 with single-action branches (104), 5 of 33
+# with branches of four (132; one atom in the last slot), 2 of 11 with branches of twelve (132; 24
+# values per lane, the most the dueling warps take).
 LAYOUTS = [(51, (0, 3, 6, 9, 12)), (21, (0, 2, 4, 6)), (64, (0, 2, 4)), (101, (0, 1, 2, 3)), (33, (0, 4, 8)),
            (11, (0, 12, 24))]
 
@@ -180,6 +180,9 @@ def test_heads_dueling_rejects_bad_layouts(cp, rng):
                         segments=[ALL], seg_rows=64)
     with pytest.raises(ValueError, match="heads_dueling: the branches' advantage blocks .* at most 160"):
         K.heads_dueling(heads.h[:1], heads.wt[:1], heads.v, heads.z, (0, 4, 12), branches=(0, 1),
+                        segments=[ALL], seg_rows=64)
+    with pytest.raises(ValueError, match="heads_dueling: branches of 13 actions of 12 atoms take more than 24 values"):
+        K.heads_dueling(heads.h[:1], heads.wt[:1], heads.v, heads.z[:12], (0, 13), branches=(0, 1),
                         segments=[ALL], seg_rows=64)
     with pytest.raises(ValueError, match="heads_dueling: wt has 128 rows"):
         run(wt=[w[:128] for w in heads.wt[1:]], bias=None)

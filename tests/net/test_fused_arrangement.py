@@ -24,6 +24,7 @@ import pytest
 from foxhunt_core.config import NetSettings
 from foxhunt_core.gpu import reference as R
 from foxhunt_core.gpu.flat import FlatTree
+from foxhunt_core.gpu.kernels import heads_dueling_supported
 from foxhunt_core.gpu.launch import head_columns
 from foxhunt_core.net import BranchingC51, fused
 from foxhunt_core.net import layers as L
@@ -220,7 +221,7 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm,
         wgrad_gemm, wgrad_gemm_sets, wgrad_gemm_supported, round_tf32, glu_backward_gemm,
-        glu_backward_gemm_fills, heads_dueling, heads_dueling_fills)},
+        glu_backward_gemm_fills, heads_dueling, heads_dueling_fills, heads_dueling_supported)},
         GLU_BACKWARD_GEMM_SETS=2, LINEAR_GEMM_COLS=160)
 
 
@@ -541,3 +542,16 @@ def test_the_updates_three_forwards(numpy_fused, monkeypatch, large):
     assert all(s is None for s in stacks) and [o.q.shape[0] for o in outs] == [6, 4, 6]
     np.testing.assert_allclose(outs[2].probs, net.forward(other, nxt).probs, rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(outs[1].q, (net.forward(tree, nxt[:4]).probs * net.support64).sum(-1), rtol=1e-10)
+
+
+@pytest.mark.parametrize(("offsets", "atoms", "fused_ok"), [
+    ((0, 3, 6, 9, 12), 51, True),  # the default: 7 atoms per lane x 3 actions
+    ((0, 12, 24), 11, True),  # 2 x 12 = 24 values per lane, the most
+    ((0, 13), 12, False),  # 156 columns fit the tile, 2 x 13 = 26 values per lane do not
+    ((0, 4, 12), 51, False),  # a branch of 8 actions: 408 columns, wider than the tile
+])
+def test_heads_carry_the_dueling_forward_only_where_the_kernel_takes_the_layout(offsets, atoms, fused_ok):
+    """fused_heads_dueling: the heads' tile (160 columns) and the dueling warps' registers
+    (heads_dueling_supported) both decide; otherwise the dueling forward runs apart."""
+    net = types.SimpleNamespace(offsets=offsets, num_atoms=atoms)
+    assert fused.fused_heads_dueling(net) is fused_ok
