@@ -306,8 +306,9 @@ __device__ __forceinline__ void dueling_row(DuelingInputs& in, int lane, unsigne
 // hide their latency behind). Lane l of a group holds atoms l, l + 8, .. (DG_ATOMS of them) of
 // every action, so a row's reductions over its atoms are three butterfly steps (every lane ends
 // with every action's sums: no spreading, no selects, no broadcasts) and one shuffle serves four
-// rows. A row of the default layout (3 actions of 51 atoms) costs about a third of the
-// instructions of a row by a whole warp (dueling_row). DG_FITS: a branch's logits and
+// rows. A row of the default layout (3 actions of 51 atoms, E[Q] alone) takes about 115
+// instructions, against 243 with a warp per row three rows at once (ncu's counts). Where no row of
+// the warp wants var, the sums of e z^2 are skipped. DG_FITS: a branch's logits and
 // exponentials within DG_BUDGET values per lane each (in registers beside the GEMM's consumers);
 // the wrapper refuses other layouts (foxhunt_core/gpu/kernels.py heads_dueling_supported, the twin:
 // branches of 13 or more actions with 9 to 12 atoms, or of 25 or more).
@@ -324,6 +325,33 @@ __device__ __forceinline__ void group_allreduce(float (&x)[M], Op op) {
     for (int o = L / 2; o > 0; o >>= 1)
 #pragma unroll
         for (int i = 0; i < M; ++i) x[i] = op(x[i], __shfl_xor_sync(FULL_MASK, x[i], o));
+}
+
+// dueling_group_row's exponentials and sums: y less each action's maximum mx (in place), e = 2^y
+// (0 for absent actions), s = [S .., sum e z .., sum e z^2 ..] over the group's lanes (the last M
+// only with V, else 0).
+template <bool V, int L, int K>
+__device__ __forceinline__ void group_sums(float (&y)[MAX_BRANCH_SIZE][K], const float (&mx)[MAX_BRANCH_SIZE], int n,
+                                           const float (&zz)[K], const float (&zz2)[K],
+                                           float (&e)[MAX_BRANCH_SIZE][K], float (&s)[3 * MAX_BRANCH_SIZE]) {
+    constexpr int M = MAX_BRANCH_SIZE;
+#pragma unroll
+    for (int a = 0; a < M; ++a) {
+        const bool live = a < n;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            y[a][k] -= mx[a];  // padding atoms stay at -inf and get e = 0
+            e[a][k] = live ? ex2_approx(y[a][k]) : 0.0f;
+            s[a] = k == 0 ? e[a][0] : s[a] + e[a][k];
+            s[M + a] = k == 0 ? e[a][0] * zz[0] : fmaf(e[a][k], zz[k], s[M + a]);
+            s[2 * M + a] = !V ? 0.0f : k == 0 ? e[a][0] * zz2[0] : fmaf(e[a][k], zz2[k], s[2 * M + a]);
+        }
+    }
+    if (V) {
+        group_allreduce<L>(s, AddOp());
+    } else {
+        group_allreduce<L>(reinterpret_cast<float(&)[2 * M]>(s), AddOp());
+    }
 }
 
 // dueling_group_row's distributions straight to global memory: log_probs = y ln 2 - ln S,
@@ -393,25 +421,18 @@ __device__ __forceinline__ void dueling_group_row(float (&y)[MAX_BRANCH_SIZE][K]
         for (int k = 1; k < K; ++k) mx[a] = fmaxf(mx[a], y[a][k]);
     }
     group_allreduce<L>(mx, MaxOp());
-    // e and the sums S, sum e z, sum e z^2 (padding atoms have e = 0 and z = 0; absent actions e = 0).
-    float e[M][K], s[3 * M];
-#pragma unroll
-    for (int a = 0; a < M; ++a) {
-        const bool live = a < n;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            y[a][k] -= mx[a];  // padding atoms stay at -inf and get e = 0
-            e[a][k] = live ? ex2_approx(y[a][k]) : 0.0f;
-            s[a] = k == 0 ? e[a][0] : s[a] + e[a][k];
-            s[M + a] = k == 0 ? e[a][0] * zz[0] : fmaf(e[a][k], zz[k], s[M + a]);
-            s[2 * M + a] = k == 0 ? e[a][0] * zz2[0] : fmaf(e[a][k], zz2[k], s[2 * M + a]);
-        }
-    }
-    group_allreduce<L>(s, AddOp());
-
+    // e and the sums S, sum e z and (where a row of the warp's wants var) sum e z^2 (padding atoms
+    // have e = 0 and z = 0; absent actions e = 0).
     const bool lp = valid && out.log_probs != nullptr && (wants & 1);
     const bool p = valid && out.probs != nullptr && (wants & 2);
     const bool vr = valid && out.var != nullptr && (wants & 4);
+    float e[M][K], s[3 * M];
+    if (__any_sync(FULL_MASK, vr)) {  // (one branch for the warp: the rows without var skip a third of the sums)
+        group_sums<true, L>(y, mx, n, zz, zz2, e, s);
+    } else {
+        group_sums<false, L>(y, mx, n, zz, zz2, e, s);
+    }
+
     dists(lp, p, b, a0, n, l, y, e, s);
 #pragma unroll
     for (int a = 0; a < M; ++a) {

@@ -174,9 +174,10 @@ struct StagedDists {
 // S = 32 / DG_LANES rows of a tile at once (a pass: rows t S .. t S + S - 1), warp w the passes w,
 // w + LG_DUELING_WARPS, .. of each tile the consumers stage (tile_full). A lane brings its row's v
 // from global memory one pass ahead (the tile's first while it waits), reads the staged advantages
-// at its atoms, and after the reads of its warp's last pass of the tile hands the staging buffer
-// back (tile_empty): the consumers stage the next tile while that pass's math runs. The arguments
-// read in the loop are copied into registers first, and a row's segment found by walking the
+// at its atoms, and the warp hands the staging buffer back (tile_empty) after its last pass of the
+// tile: with the distributions through the buffer (StagedDists) once that pass is done, otherwise
+// once its reads are (the consumers stage the next tile while its math runs). The arguments read
+// in the loop are copied into registers first, and a row's segment found by walking the
 // boundaries (no division per row).
 __device__ __forceinline__ void dueling_warp(const DuelingArgs& du, const Schedule<LG_CLUSTER>& sched, int per_set,
                                              int M, unsigned obuf, unsigned tile_full, unsigned tile_empty, int w,
