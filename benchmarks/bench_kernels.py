@@ -30,7 +30,10 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
   [B, 156]) as cuBLASLt's GEMMs (in both orientations) and as ``wgrad_gemm_sets``;
 - the GLUs' backward from their heads' gradients over the B rows of s (dh = dadv Wo^T, then the
   gate's backward over pv, in place), as cuBLASLt's GEMM and ``glu_backward``, and as one
-  ``glu_backward_gemm``.
+  ``glu_backward_gemm``;
+- the trunk's input gradients over the B rows of s (dh2 = (dh2' + dmpre Wv^T) * (h2 > 0), then
+  dh1 = (dh2 W2^T) * (h1 > 0)), as cuBLASLt's GEMM and ``relu_backward``, and as one
+  ``linear_gemm_relu_backward`` each (the ReLU's backward in the GEMM's epilogue).
 
 The inputs are random and fixed.
 """
@@ -321,6 +324,33 @@ def wgrad_cases(B: int) -> dict:
     return cases
 
 
+def trunk_backward_cases(B: int) -> dict:
+    import cupy as cp
+
+    from foxhunt_core.gpu import cublas, cublaslt
+    from foxhunt_core.gpu import kernels as K
+
+    cublas.set_tf32(True)
+    cublaslt.set_autotune(True)
+    H = 256
+    rng = cp.random.default_rng(4)
+    dmpre, dh2_mask, dh2, h1, h2 = (rng.standard_normal((B, H), dtype=cp.float32) for _ in range(5))
+    wv, w2 = (rng.standard_normal((H, H), dtype=cp.float32) * 0.06 for _ in range(2))
+    out = cp.empty((B, H), cp.float32)
+    dmpre_r = K.round_tf32(dmpre)  # (vsn_backward writes it so for linear_gemm_relu_backward)
+    return {
+        "trunk backward dh2 (VSN): cuBLASLt dgrad GEMM + relu_backward": lambda: K.relu_backward(
+            dh2_mask, h2, addend=cublas.matmul(dmpre, wv.T), out=out),
+        "trunk backward dh2 (VSN): linear_gemm_relu_backward (weights rounded in the call)": lambda: (
+            K.linear_gemm_relu_backward(dmpre_r, K.round_tf32(wv), h2, addend=dh2_mask, out=out, rounded=H,
+                                        tf32_out=True)),
+        "trunk backward dh1 (trunk.w2): cuBLASLt dgrad GEMM + relu_backward": lambda: K.relu_backward(
+            cublas.matmul(dh2, w2.T), h1, out=out),
+        "trunk backward dh1 (trunk.w2): linear_gemm_relu_backward (weights rounded in the call)": lambda: (
+            K.linear_gemm_relu_backward(dh2, K.round_tf32(w2), h1, out=out, rounded=H)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[16384, 65536])
@@ -353,7 +383,7 @@ def main() -> None:
     print("|---|---|---|")
     for B in args.batches:
         cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B), **heads_cases(B),
-                 **glu_backward_cases(B), **wgrad_cases(B)}
+                 **glu_backward_cases(B), **wgrad_cases(B), **trunk_backward_cases(B)}
         for name, fn in cases.items():
             if args.only not in name:
                 continue

@@ -103,6 +103,7 @@ FOXHUNT_VARIANTS = {
     "foxhunt 1 stream": dict(graphs=True, tune=True, side_stream=False),
     "foxhunt cublas glu": dict(graphs=True, tune=True, glu_gemm=False),
     "foxhunt heads apart": dict(graphs=True, tune=True, heads_dueling=False),
+    "foxhunt relu apart": dict(graphs=True, tune=True, relu_gemm=False),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -112,7 +113,7 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
                   side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
-                  heads_dueling: bool = True) -> float:
+                  heads_dueling: bool = True, relu_gemm: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
@@ -121,7 +122,9 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     GEMM followed by ``glu_forward`` and the advantage heads as cuBLAS's GEMMs, where they would
     run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``),
     ``heads_dueling=False`` runs the dueling forward as its own kernel after the heads' GEMM rather
-    than in the heads' kernel (``foxhunt_core.net.fused.HEADS_DUELING``)."""
+    than in the heads' kernel (``foxhunt_core.net.fused.HEADS_DUELING``), ``relu_gemm=False`` the
+    trunk's input gradients as cuBLAS's GEMMs and ``relu_backward`` rather than
+    ``linear_gemm_relu_backward`` (``foxhunt_core.net.fused.fused_relu_backward``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.net import fused
 
@@ -132,14 +135,16 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     streams.set_enabled(side_stream)
     if stack_max is not None:
         fused.STACK_MAX_ROWS = stack_max
-    real_fused_glu = fused.fused_glu
+    real_fused_glu, real_fused_relu = fused.fused_glu, fused.fused_relu_backward
     if not glu_gemm:
         fused.fused_glu = lambda net, stack: False
+    if not relu_gemm:
+        fused.fused_relu_backward = lambda net, rows: False
     fused.HEADS_DUELING = heads_dueling
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
-        fused.fused_glu = real_fused_glu
+        fused.fused_glu, fused.fused_relu_backward = real_fused_glu, real_fused_relu
         fused.HEADS_DUELING = True
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)

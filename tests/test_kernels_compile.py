@@ -94,6 +94,8 @@ DUELING_LAYOUTS = [{"LG_DUELING": "1", **branch_defines(offs, n, head_align=4)}
 
 @needs_nvcc
 @pytest.mark.parametrize("defines", [{}, {"LG_RELU": "1", "LG_ROUND_OUT": "1"}, {"LG_TAIL_STEPS": "1"},
+                                     {"LG_DRELU": "1", "LG_BN": "128"},
+                                     {"LG_DRELU": "1", "LG_ROUND_OUT": "1", "LG_BN": "128"},
                                      {"LG_STAGES": "3"}, {"LG_CLUSTER": "2"}, {"LG_CLUSTER": "4"}, *DUELING_LAYOUTS],
                          ids=lambda d: str({k: v for k, v in d.items() if k.startswith(("LG", "NUM_A"))}))
 def test_linear_gemm_compiles_unserialized_without_spills(defines: dict, tmp_path: Path) -> None:

@@ -110,6 +110,9 @@ __all__ = [
     "heads_dueling",
     "heads_dueling_fills",
     "heads_dueling_supported",
+    "linear_gemm",
+    "linear_gemm_relu_backward",
+    "linear_gemm_relu_backward_fills",
     "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
@@ -682,13 +685,13 @@ LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias"
                         ("pad", np.uint64, (-LINEAR_GEMM_SETS % 8,))])
 
 
-def _linear_gemm_smem(dueling: bool = False) -> int:
-    """Bytes of shared memory of linear_gemm.cu: its stages (16 KiB of A and 20 KiB of weights
-    each), the tile on its way out (5 boxes of 16 KiB), two mbarriers per stage (and with the
-    dueling warps two for the staged tile), the alignment (224 KiB with 4 stages: a Hopper
-    block may have 227)."""
-    boxes = -(-LINEAR_GEMM_COLS // 32)
-    return (LINEAR_GEMM_STAGES * (16384 + LINEAR_GEMM_COLS * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES
+def _linear_gemm_smem(dueling: bool = False, cols: int = LINEAR_GEMM_COLS) -> int:
+    """Bytes of shared memory of linear_gemm.cu with tiles of ``cols`` columns: its stages (16 KiB
+    of A and ``cols`` rows of weights each), the tile on its way out (boxes of 16 KiB), two
+    mbarriers per stage (and with the dueling warps two for the staged tile), the alignment (224
+    KiB with 4 stages of 160 columns: a Hopper block may have 227)."""
+    boxes = -(-cols // 32)
+    return (LINEAR_GEMM_STAGES * (16384 + cols * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES
             + 16 * dueling + 1024)
 
 
@@ -743,9 +746,10 @@ def _linear_operands(k: str, a: Sequence[Array], wt: Sequence[Array], bias: Sequ
 
 def _linear_launch(k: str, a: Sequence[Array], wt: Sequence[Array], outs: Sequence[Array] | None,
                    bias: Sequence[Array | None] | None, mkn: tuple[int, int, int], rounded: int,
-                   defines: dict[str, Any], extra: tuple = ()) -> None:
+                   defines: dict[str, Any], extra: tuple = (), cols: int = LINEAR_GEMM_COLS) -> None:
     """linear_gemm.cu's launch over checked operands (``outs`` None: no output maps, for the
-    dueling variant, which writes none); ``defines`` and ``extra`` arguments pick a variant."""
+    dueling variant, which writes none); ``defines`` and ``extra`` arguments pick a variant,
+    ``cols`` its tile's columns (LG_BN)."""
     M, K, N = mkn
     sets = len(a)
     c = LINEAR_GEMM_CLUSTER
@@ -753,25 +757,68 @@ def _linear_launch(k: str, a: Sequence[Array], wt: Sequence[Array], outs: Sequen
     for i in range(sets):
         args["maps"][0, i] = tma.matrix_map(k, f"a[{i}]", a[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
         args["maps"][0, LINEAR_GEMM_SETS + i] = tma.matrix_map(
-            k, f"wt[{i}]", wt[i], GLU_GEMM_BOX_K, LINEAR_GEMM_COLS // c)["opaque"][0]
+            k, f"wt[{i}]", wt[i], GLU_GEMM_BOX_K, cols // c)["opaque"][0]
         if outs is not None:
             args["maps"][0, 2 * LINEAR_GEMM_SETS + i] = tma.matrix_map(
                 k, f"out[{i}]", outs[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
         b = None if bias is None else bias[i]
         args["bias"][0, i] = 0 if b is None else b.data.ptr
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
+    tile = {} if cols == LINEAR_GEMM_COLS else {"LG_BN": cols}
     fn = _kernel("linear_gemm.cu", "linear_gemm",
-                 {"LG_STAGES": LINEAR_GEMM_STAGES, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail, **defines})
+                 {"LG_STAGES": LINEAR_GEMM_STAGES, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail, **tile, **defines})
     dueling = bool(defines.get("LG_DUELING"))
     threads = LINEAR_GEMM_DUELING_THREADS if dueling else GLU_GEMM_THREADS
-    smem = _linear_gemm_smem(dueling)
+    smem = _linear_gemm_smem(dueling, cols)
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
-    groups = sets * -(-N // LINEAR_GEMM_COLS) * -(-M // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
+    groups = sets * -(-N // cols) * -(-M // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
     clusters = min(groups, tma.max_active_clusters(k, fn, threads, smem, c))  # all resident (persistent)
     fn((clusters * c,), (threads,), (args, i32(M), i32(K), i32(N), i32(sets), i32(rounded), *extra),
        shared_mem=smem)
+
+
+LINEAR_RELU_BACKWARD_COLS = 128  # linear_gemm_relu_backward's tile: 128 x 128 (160 columns spill)
+
+
+def linear_gemm_relu_backward(a: Array, wt: Array, y: Array, *, addend: Array | None = None,
+                              out: Array | None = None, rounded: int = 0, tf32_out: bool = False) -> Array:
+    """A ReLU layer's input gradient on the TF32 tensor cores with the ReLU's backward in the GEMM's
+    epilogue: ``out = (a @ wt.T + addend) * (y > 0)`` (:func:`relu_backward` of the product, without
+    the product's round trip through memory).
+
+    ``a`` [M, K] the gradient of the next layer's pre-activation, ``wt`` [N, K] that layer's weights
+    as the layer holds them ([its inputs, its outputs]), rounded to TF32 (:func:`round_tf32`);
+    ``y`` [M, N] this ReLU's output; ``addend`` [M, N] (the output's gradient from elsewhere) or
+    None; ``out`` [M, N] (a new array when not given). Matrices may be views with any row pitch
+    that is a multiple of 4 floats, 16-byte aligned. ``rounded`` and ``tf32_out`` as for
+    :func:`linear_gemm`. (One tile of 128 x 128 per SM at least is what makes it pay:
+    :func:`linear_gemm_relu_backward_fills`.)"""
+    k = "linear_gemm_relu_backward"
+    M, K, N = _linear_operands(k, [a], [wt], None, rounded)
+    lds = []
+    for name, x in (("y", y), ("addend", addend)):
+        if x is None:
+            lds.append(0)
+            continue
+        lds.append(_rows_view(k, name, x, (M, N)))
+        if lds[-1] % 2 or x.data.ptr % 8:  # (read as float2)
+            raise ValueError(f"{k}: {name} needs 8-byte alignment and an even row pitch")
+    ld_y, ld_addend = lds
+    out, _ = _view_out(k, "out", out, (M, N))
+    if M:
+        _linear_launch(k, [a], [wt], [out], None, (M, K, N), rounded,
+                       {"LG_DRELU": 1, "LG_ROUND_OUT": int(bool(tf32_out))},
+                       (y, i32(ld_y), addend, i32(ld_addend)), cols=LINEAR_RELU_BACKWARD_COLS)
+    return out
+
+
+def linear_gemm_relu_backward_fills(rows: int, cols: int) -> bool:
+    """Whether :func:`linear_gemm_relu_backward` over ``rows`` x ``cols`` has a tile (128 x 128)
+    for every SM at least; with fewer, cuBLAS's GEMM and :func:`relu_backward` (which spread
+    over every SM) are the faster pair."""
+    return -(-rows // GLU_GEMM_ROWS) * -(-cols // LINEAR_RELU_BACKWARD_COLS) >= sm_count()
 
 
 def heads_dueling_fills(rows: int, sets: int) -> bool:
@@ -1191,10 +1238,12 @@ def vsn_forward(
 
 
 def vsn_backward(
-    dz: Array, h2: Array, m: Array, *, dh2: Array | None = None, dmpre: Array | None = None
+    dz: Array, h2: Array, m: Array, *, dh2: Array | None = None, dmpre: Array | None = None, tf32: bool = False
 ) -> tuple[Array, Array]:
     """``(dh2, dmpre) = (dz * m, dz * h2 * m * (1 - m))`` — the mask's share of ``dh2`` and its
-    pre-activation. ``dz`` may be a column block of a wider array (any row pitch)."""
+    pre-activation. ``dz`` may be a column block of a wider array (any row pitch). With ``tf32``
+    dmpre is written rounded to TF32, to nearest (:func:`.reference.tf32_nearest`), for TF32 GEMMs
+    to read as it is (:func:`linear_gemm_relu_backward`'s ``rounded``)."""
     k = "vsn_backward"
     B, H = _matrix(k, "h2", h2)
     ld = _rows_view(k, "dz", dz, (B, H))
@@ -1203,7 +1252,7 @@ def vsn_backward(
     dmpre = output(k, "dmpre", dmpre, (B, H))
     total = B * H
     _kernel("elementwise.cu", k)((_elementwise_grid(total),), (THREADS,),
-                                 (dz, h2, m, dh2, dmpre, i64(total), i32(H), i32(ld)))
+                                 (dz, h2, m, dh2, dmpre, i64(total), i32(H), i32(ld), i32(bool(tf32))))
     return dh2, dmpre
 
 

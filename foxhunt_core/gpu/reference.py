@@ -161,6 +161,13 @@ def linear_gemm(a: Sequence[Array], w: Sequence[Array], bias: Sequence[Array | N
     return outs
 
 
+def linear_gemm_relu_backward(a: Array, w: Array, y: Array, addend: Array | None = None) -> Array:
+    """``(a @ w (+ addend)) * (y > 0)``: a ReLU layer's input gradient from the next layer's
+    (``w`` [K, N] that layer's weights transposed, as the product reads them: the kernel takes the
+    weights as they are, ``wt = w.T``)."""
+    return relu_backward(a @ w, y, addend)
+
+
 def wgrad_gemm(x: Array, y: Array, zero_rows: tuple[int, int] = (0, 0),
                keep_cols: tuple[int, int] = (0, 0)) -> Array:
     """``x.T @ y`` [N, M] (a weight gradient: ``x`` [K, N] the layer's input, ``y`` [K, M] its

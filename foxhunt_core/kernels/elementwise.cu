@@ -6,7 +6,7 @@
 //   bias_relu_forward  y = relu(x + b)                                               (trunk layers)
 //   relu_backward      dx = (dy + addend) * (y > 0)                                  (addend optional)
 //   vsn_forward        m = sigmoid(mpre), z = h2 * m                                 (variable selection)
-//   vsn_backward       dh2 = dz * m, dmpre = dz * h2 * m * (1 - m)
+//   vsn_backward       dh2 = dz * m, dmpre = dz * h2 * m * (1 - m) (optionally rounded to TF32)
 //   pack_rows          [x, 0, ..., 0, 1] rows from up to three sources                (network input)
 // Launch wrappers: foxhunt_core/gpu/kernels.py.
 //
@@ -191,11 +191,14 @@ extern "C" __global__ void vsn_forward_vec4(
 }
 
 // dz has row pitch ld_dz >= cols (a column block of the wider input gradient of z's GEMMs).
+// With tf32, dmpre is written rounded to TF32 (tf32_nearest): where its readers are TF32 GEMMs
+// (the VSN's weight gradient, the trunk's input gradient through linear_gemm's LG_DRELU, which
+// then need not round it in shared memory) and the bias gradient's column sums.
 extern "C" __global__ void vsn_backward(
     const float* dz,                                        // [rows, ld_dz]
     const float* h2, const float* m,                        // [rows, cols]
     float* dh2, float* dmpre,                               // [rows, cols]
-    long long total, int cols, int ld_dz)                   // total = rows * cols
+    long long total, int cols, int ld_dz, int tf32)         // total = rows * cols
 {
     GRID_STRIDE(i, total) {
         const int r = i / cols, c = i - r * cols;
@@ -203,7 +206,8 @@ extern "C" __global__ void vsn_backward(
         const float s = m[i];
         const float dm = d * h2[i];
         dh2[i] = d * s;
-        dmpre[i] = dm * s * (1.0f - s);
+        const float dp = dm * s * (1.0f - s);
+        dmpre[i] = tf32 ? tf32_nearest(dp) : dp;
     }
 }
 

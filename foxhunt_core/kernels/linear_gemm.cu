@@ -7,6 +7,10 @@
 //   out_b = A_b W_b (+ bias_b), then ReLU (LG_RELU) and the rounding to TF32 (LG_ROUND_OUT)
 //           A_b [M, K]; W_b [K, N] read through its transpose wt_b [N, K] (TF32 wgmma reads both
 //           operands K-major, rounded to TF32 by transpose_tile); bias_b [N] or null; out_b [M, N]
+//   LG_DRELU (one set): a ReLU layer's backward in the epilogue, out = (A W (+ bias) (+ addend))
+//           * (y > 0), y [M, N] the layer's output, addend [M, N] or null: a trunk layer's input
+//           gradient from its output's (W the layer's weights transposed: wt its weights as they
+//           are, rounded) without the [M, N] round trip through relu_backward.
 //
 // The network's advantage heads are its use: each branch's [M, 256] GLU output times its
 // [256, 156] weights, N = 156 columns that cuBLAS covers with two 128-wide tiles (or one of 256);
@@ -66,6 +70,42 @@
 #endif
 #ifndef LG_ROUND_OUT
 #define LG_ROUND_OUT 0                           // 1: out written rounded to TF32 (for TF32 GEMMs to read as it is)
+#endif
+#ifndef LG_DRELU
+#define LG_DRELU 0                               // 1: the ReLU's backward in the epilogue (set 0's y, addend)
+#endif
+#if LG_DRELU && (LG_RELU || LG_DUELING)
+#error "linear_gemm: LG_DRELU goes with neither LG_RELU nor LG_DUELING"
+#endif
+// (LG_DRELU's epilogue reads its tile's y from the staging buffer and its addend from the accumulators.)
+static_assert(!LG_DRELU || LG_BN <= 128, "linear_gemm: LG_DRELU takes tiles of at most 128 columns");
+
+#if LG_DRELU
+// LG_DRELU's operands of a tile, on their way while the tile's products run, without registers
+// held for them (a tile's y and addend in registers beside the accumulators spill: ptxas gives a
+// warpgroup kernel 168 at most): this thread's elements of y [M, N] (ld_y apart), at its
+// accumulators' positions (wgmma_tf32: rows r0, r0 + 8; columns 8 j + 2 q, + 1), copied
+// (cp.async, zeros past M or N) to where its epilogue stages them in obuf, so that each thread
+// reads back only what it copied; and its elements of addend (or zeros) as the accumulators'
+// starting values, the products accumulated onto them.
+__device__ __forceinline__ void drelu_start(float* acc, unsigned obuf, const float* __restrict__ y, int ld_y,
+                                            const float* __restrict__ addend, int ld_addend, int m0, int r0, int n0,
+                                            int q, int M, int N) {
+#pragma unroll
+    for (int j = 0; j < LG_BN / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = r0 + 8 * half, col = 8 * j + 2 * q, row = m0 + r;
+            const bool in = row < M && n0 + col < N;  // (N even: col + 1 < N too)
+            const float* src = y + (in ? (size_t)row * ld_y + n0 + col : 0);
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(staged_at(obuf, r, col)), "l"(src),
+                         "r"(in ? 8 : 0) : "memory");
+            float2 a = make_float2(0.0f, 0.0f);
+            if (in && addend != nullptr) a = __ldg(reinterpret_cast<const float2*>(addend + (size_t)row * ld_addend + n0 + col));
+            acc[4 * j + 2 * half] = a.x, acc[4 * j + 2 * half + 1] = a.y;
+        }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 #endif
 #if LG_DUELING
 // The consumer warps, the producer warp and the dueling warps: 512 threads, 128 registers each
@@ -263,6 +303,9 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
 #if LG_DUELING
             , const __grid_constant__ DuelingArgs du
 #endif
+#if LG_DRELU
+            , const float* __restrict__ relu_y, int ld_y, const float* __restrict__ addend, int ld_addend
+#endif
 )
 {
     extern __shared__ unsigned char smem_raw[];
@@ -319,16 +362,43 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
     for (int p = sched.cluster; p < sched.groups; p += sched.clusters) {
         const int ct = sched.col_tile(p), m0 = sched.row0(p);
         const int b = ct / per_set, n0 = (ct % per_set) * LG_BN;
+        const int r0 = wg * 64 + (warp & 3) * 16 + g;  // rows in the tile (and r0 + 8)
+#if LG_DRELU
+        staging_acquire(tid);  // (y comes into the staging buffer: the previous tile's stores have read it)
+        drelu_start(acc, obuf, relu_y, ld_y, addend, ld_addend, m0, r0, n0, q, M, N);
+        consume_tile<LG_BN, LG_TAIL_STEPS, LG_CLUSTER, false>(acc, ring, sched.chunks, rounded_k, wg, lane, tid & 127);
+#else
         consume_tile<LG_BN, LG_TAIL_STEPS, LG_CLUSTER>(acc, ring, sched.chunks, rounded_k, wg, lane, tid & 127);
+#endif
 
         // Epilogue (the accumulators' layout: wgmma_tf32): the tile through shared memory (obuf:
         // LG_BOXES boxes of 32 columns x 128 rows, staged_at), out by TMA stores; with LG_DUELING
         // on to the dueling warps, once they have read the previous tile.
-        const int r0 = wg * 64 + (warp & 3) * 16 + g;  // rows in the tile (and r0 + 8)
         const float* const bias = args.bias[b];
 #if LG_DUELING
         mbar_wait(tile_empty, phase ^ 1);  // (a fresh barrier passes parity 1)
 #endif
+#if LG_DRELU
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // this thread's copies of y
+#pragma unroll
+        for (int j = 0; j < LG_BN / 8; ++j) {
+            const int col = 8 * j + 2 * q;
+            float2 bj = make_float2(0.0f, 0.0f);
+            if (bias != nullptr && n0 + col < N) bj = *reinterpret_cast<const float2*>(bias + n0 + col);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const unsigned at = staged_at(obuf, r0 + 8 * half, col);
+                float y0, y1;
+                asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(y0), "=f"(y1) : "r"(at) : "memory");
+                float x0 = y0 > 0.0f ? acc[4 * j + 2 * half] + bj.x : 0.0f;
+                float x1 = y1 > 0.0f ? acc[4 * j + 2 * half + 1] + bj.y : 0.0f;
+#if LG_ROUND_OUT
+                x0 = tf32_nearest(x0), x1 = tf32_nearest(x1);
+#endif
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x0), "f"(x1) : "memory");
+            }
+        }
+#else
         if (store) staging_acquire(tid);
 #pragma unroll
         for (int j = 0; j < LG_BN / 8; ++j) {
@@ -348,6 +418,7 @@ linear_gemm(const __grid_constant__ LinearArgs args, int M, int K, int N, int br
                              "f"(x1) : "memory");
             }
         }
+#endif
         if (store) {
             staging_release();
             if (tid == 0) {

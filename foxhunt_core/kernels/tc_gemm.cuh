@@ -228,16 +228,19 @@ __device__ __forceinline__ unsigned ring_acquire(const Ring& ring) {
     return bar;
 }
 
-// One tile's products over `chunks` chunks into `acc` (N / 2 floats per thread, zeroed here) by
+// One tile's products over `chunks` chunks into `acc` (N / 2 floats per thread, zeroed here, or
+// with ZERO false accumulated onto the caller's values) by
 // consumer warpgroup `wg` (rows wg * 64.. of each stage's A, whose weights follow at TC_TILE_A);
 // the stages released to the producers of the cluster (`lane` r < cluster arrives in CTA r). The
 // ring needs three stages at least: the next chunk's stage is awaited before the previous one is
 // released.
-template <int N, int TAIL, int CLUSTER>
+template <int N, int TAIL, int CLUSTER, bool ZERO = true>
 __device__ __forceinline__ void consume_tile(float* acc, Ring& ring, int chunks, int rounded_k, int wg, int lane,
                                              int lt) {
+    if (ZERO) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+    }
     // Each chunk's rows of A are rounded (unless A's writer did) while the previous chunk's
     // products run.
     mbar_wait(ring.full + 8 * ring.stage, ring.phase);

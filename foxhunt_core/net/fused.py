@@ -607,6 +607,17 @@ def fused_wgrad(net: Any, heads: bool = False) -> bool:
     return cublas.tf32_enabled() and K.wgrad_gemm_supported(h_width(net) if heads else z_width(net))
 
 
+def fused_relu_backward(net: Any, rows: int) -> bool:
+    """Whether the trunk's input gradients (through the VSN's weights into h2, through trunk.w2
+    into h1) run as :func:`foxhunt_core.gpu.kernels.linear_gemm_relu_backward` (the GEMM on the
+    TF32 tensor cores with the ReLU's backward in its epilogue, so the product never reaches
+    memory): TF32 on, a device it supports, and a tile for every SM over ``rows`` rows of either
+    width. Otherwise cuBLAS's GEMM and ``relu_backward``."""
+    s = net.settings
+    return (cublas.tf32_enabled() and K.glu_gemm_supported()
+            and all(K.linear_gemm_relu_backward_fills(rows, n) for n in (s.shared_h1, s.shared_h2)))
+
+
 def branch_groups(net: Any) -> list[tuple[int, ...]]:
     """The branches whose GLUs run as one (one GEMM, one kernel), in forward order: the direction
     branch alone first (the magnitude branch reads its Q), then the others together when their
@@ -892,17 +903,25 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             mm(z.T, dv, out=gv)  # weights and (ones column) bias
             if use_zq:
                 gv[H2 : H2 + n_dir] = 0.0
-    dh2_mask, dmpre = K.vsn_backward(dz[:, :H2], c["h2"], c["m"])
+    tc_relu = fused_relu_backward(net, B)  # (dmpre then written rounded to TF32: read as it is)
+    dh2_mask, dmpre = K.vsn_backward(dz[:, :H2], c["h2"], c["m"], tf32=tc_relu)
     gm, gmb = slot("vsn.w"), slot("vsn.b")
     with streams.beside():
         mm(c["h2"].T, dmpre, out=gm)
         colsum(dmpre, gmb)
-    dh2 = K.relu_backward(dh2_mask, c["h2"], addend=mm(dmpre, p["vsn.w"].T))
+    if tc_relu:  # dh2 written rounded to TF32: the next one reads it as it is
+        dh2 = K.linear_gemm_relu_backward(dmpre, K.round_tf32(p["vsn.w"]), c["h2"], addend=dh2_mask,
+                                          rounded=dmpre.shape[1], tf32_out=True)
+    else:
+        dh2 = K.relu_backward(dh2_mask, c["h2"], addend=mm(dmpre, p["vsn.w"].T))
     g2, g2b = slot("trunk.w2"), slot("trunk.b2")
     with streams.beside():
         mm(c["h1"].T, dh2, out=g2)
         colsum(dh2, g2b)
-    dh1 = K.relu_backward(mm(dh2, p["trunk.w2"].T), c["h1"])
+    if tc_relu:
+        dh1 = K.linear_gemm_relu_backward(dh2, K.round_tf32(p["trunk.w2"]), c["h1"], rounded=dh2.shape[1])
+    else:
+        dh1 = K.relu_backward(mm(dh2, p["trunk.w2"].T), c["h1"])
     mm(c["x"].T, dh1, out=grad_block("trunk.w1"))  # weights and (ones column) bias
     streams.join()  # the weight gradients above ran beside the input gradients
     for dst, blk in pending:

@@ -127,6 +127,15 @@ def test_vsn_forward_and_backward(cp, rng, width, H):
     rdh2, rdmpre = R.vsn_backward(host64(dz), host64(h2), host64(m))
     assert_close("dh2", dh2, rdh2, TOL)
     assert_close("dmpre", dmpre, rdmpre, TOL)
+    # dmpre rounded to TF32 (for linear_gemm_relu_backward, which then reads it as it is): exactly
+    # the plain dmpre rounded to nearest; dh2 as before.
+    dh2_t, dmpre_t = K.vsn_backward(wide[:, :H], to_dev(cp, h2), m, dh2=nan_like(cp, (B, H)),
+                                    dmpre=nan_like(cp, (B, H)), tf32=True)
+    dmpre_t, dmpre_plain = dmpre_t.get(), dmpre.get()
+    assert np.array_equal(dh2_t.get(), dh2.get())
+    assert np.array_equal(dmpre_t, R.tf32_nearest(dmpre_plain))
+    assert not (dmpre_t.view(np.uint32) & np.uint32(0x1FFF)).any()
+    assert not np.array_equal(dmpre_t, dmpre_plain)  # (the plain dmpre is not TF32 already)
 
 
 @pytest.mark.parametrize("counts", [(37,), (20, 9), (16, 16, 16)])

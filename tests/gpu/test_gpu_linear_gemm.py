@@ -155,3 +155,60 @@ def test_linear_gemm_rejects_bad_layouts(cp):
         K.linear_gemm([cp.zeros((64, 258), cp.float32)[:, :256]], [wt])
     with pytest.raises(ValueError, match=r"linear_gemm: bias\[0\] has shape"):
         K.linear_gemm([a], [wt], bias=[cp.zeros(150, cp.float32)])
+
+
+# M: a row tile with a tail (300), past one tile per SM of both column tiles (9000: the persistent
+# loop); N: two whole column tiles of 128 (the trunk's 256), a clipped second one (200)
+@pytest.mark.parametrize(("M", "K_", "N"), [(300, 256, 256), (9000, 256, 256), (700, 100, 200)])
+@pytest.mark.parametrize("with_addend", [True, False])
+def test_linear_gemm_relu_backward(cp, rng, M, K_, N, with_addend):
+    """``(a @ wt.T + addend) * (y > 0)``: a ReLU layer's input gradient, every operand a view of a
+    wider array (the output's neighbours NaN-poisoned: they must stay NaN); y holds negatives,
+    zeros and positives, and the output is exactly zero wherever y is not positive."""
+    a_host = tf32(rng.normal(0, 1.0, (M, K_)))
+    w_host = tf32(rng.normal(0, 1.0 / np.sqrt(K_), (N, K_)))  # [N, K]: the next layer's weights as it holds them
+    y_host = np.maximum(rng.normal(0, 1.0, (M, N)), -0.5).astype(np.float32)
+    y_host[rng.random((M, N)) < 0.1] = 0.0
+    add_host = rng.normal(0, 1.0, (M, N)).astype(np.float32)
+    a_wide, y_wide, add_wide = (cp.zeros((M, n + 12), cp.float32) for n in (K_, N, N))
+    a, y, addend = a_wide[:, 4 : 4 + K_], y_wide[:, 8 : 8 + N], add_wide[:, 4 : 4 + N]
+    a[...], y[...], addend[...] = to_dev(cp, a_host), to_dev(cp, y_host), to_dev(cp, add_host)
+    out_wide = nan_like(cp, (M, 4 + N + 8))
+    got = K.linear_gemm_relu_backward(a, K.round_tf32(to_dev(cp, w_host)), y, addend=addend if with_addend else None,
+                                      out=out_wide[:, 4 : 4 + N])
+    assert got.data.ptr == out_wide[:, 4:].data.ptr
+    ref = R.linear_gemm_relu_backward(host64(a_host), host64(w_host).T, host64(y_host),
+                                      host64(add_host) if with_addend else None)
+    _check_outputs(out_wide, [ref], N)
+    assert (host64(out_wide)[:, 4 : 4 + N][y_host <= 0] == 0).all()
+    assert (y_host <= 0).mean() > 0.3 and (y_host > 0).mean() > 0.3
+
+
+def test_linear_gemm_relu_backward_rounding(cp, rng):
+    """Inputs not representable in TF32: a rounded to nearest in the kernel (``rounded`` 0) or read
+    as it is (``rounded`` K: its writer's word); ``tf32_out``: every element of the output the
+    float32 result rounded to nearest."""
+    M, K_, N = 2000, 256, 256
+    a_host = rng.normal(0, 1.0, (M, K_)).astype(np.float32)
+    w_host = (rng.normal(0, 1.0 / np.sqrt(K_), (N, K_)) + 0.02).astype(np.float32)
+    y_host = rng.normal(0, 1.0, (M, N)).astype(np.float32)
+    a, wt, y = to_dev(cp, a_host), K.round_tf32(to_dev(cp, w_host)), to_dev(cp, y_host)
+    w64 = host64(R.tf32_nearest(w_host)).T
+    out = K.linear_gemm_relu_backward(a, wt, y)
+    assert_close("out (a rounded)", out, R.linear_gemm_relu_backward(host64(R.tf32_nearest(a_host)), w64, y_host), TOL)
+    out_t = K.linear_gemm_relu_backward(a, wt, y, rounded=K_)
+    assert_close("out (a as it is)", out_t, R.linear_gemm_relu_backward(host64(tf32(a_host)), w64, y_host), TOL)
+    plain = out.get()
+    rounded = K.linear_gemm_relu_backward(a, wt, y, tf32_out=True).get()
+    assert np.array_equal(rounded, R.tf32_nearest(plain))
+    assert not (rounded.view(np.uint32) & np.uint32(0x1FFF)).any()
+
+
+def test_linear_gemm_relu_backward_rejects_bad_operands(cp):
+    a, wt, y = cp.zeros((64, 256), cp.float32), cp.zeros((256, 256), cp.float32), cp.zeros((64, 256), cp.float32)
+    with pytest.raises(ValueError, match=r"linear_gemm_relu_backward: y must be a \[64, 256\]"):
+        K.linear_gemm_relu_backward(a, wt, y[:, :128])
+    with pytest.raises(ValueError, match="linear_gemm_relu_backward: addend needs 8-byte alignment"):
+        K.linear_gemm_relu_backward(a, wt, y, addend=cp.zeros((64, 260), cp.float32)[:, 1:257])
+    with pytest.raises(ValueError, match=r"linear_gemm_relu_backward: wt\[0\] must be a \[256, 256\]"):
+        K.linear_gemm_relu_backward(a, wt[:, :128], y)

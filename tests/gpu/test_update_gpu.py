@@ -357,3 +357,44 @@ def test_graph_replay_through_wgrad_gemm_equals_eager_updates(monkeypatch):
             _replay_against_eager(cp, rng, eager, graphed, GraphedUpdate(graphed, rows), rows, 2)
     finally:
         cublas.set_tf32(False)
+
+
+def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cublas(monkeypatch):
+    """The default network under TF32: the trunk's input gradients (into h2 through the VSN's
+    weights, into h1 through trunk.w2) from linear_gemm_relu_backward, the ReLUs' backward in the
+    GEMM's epilogue (here at 2048 rows, as if they filled the SMs). Against the NumPy float32 update
+    from the same parameters and batch, the trunk's weight and bias gradients are as close as the
+    same update's through cuBLAS's GEMMs and relu_backward (both TF32, the same forward): each
+    within 50% of cuBLAS's error, all of them together within 10% (a wiring error, e.g. the wrong
+    ReLU's output as the mask or the addend left out, is off by order one)."""
+    cp = _cp()
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
+
+    if not K.glu_gemm_supported():
+        pytest.skip("linear_gemm_relu_backward needs a compute capability 9.0 GPU")
+    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
+    calls = []
+    real = K.linear_gemm_relu_backward
+    monkeypatch.setattr(K, "linear_gemm_relu_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(K, "linear_gemm_relu_backward_fills", lambda rows, cols: True)
+    batch = _batch(rng, 2048)
+    cublas.set_tf32(True)
+    try:
+        g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+        assert len(calls) == 2, calls  # dh2, then dh1
+        monkeypatch.setattr(K, "linear_gemm_relu_backward_fills", lambda rows, cols: False)
+        g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+        assert len(calls) == 2
+    finally:
+        cublas.set_tf32(False)
+    assert abs(float(s_tc["loss"]) - float(s_lt["loss"])) <= 1e-6 * abs(float(s_lt["loss"]))  # the same forward
+    g_cpu, _, _, _ = cpu.loss_and_grads(batch, 0.01)
+    names = ["trunk.w1", "trunk.b1", "trunk.w2", "trunk.b2"]
+    for k in names:
+        e_tc, e_lt = _rel(g_tc["core"][k], g_cpu["core"][k]), _rel(g_lt["core"][k], g_cpu["core"][k])
+        assert e_tc < 1.5 * e_lt + 1e-7, f"{k}: linear_gemm_relu_backward {e_tc:.3g} against cuBLAS {e_lt:.3g}"
+    every = np.concatenate([np.ravel(g_cpu["core"][k]) for k in names])
+    e_tc = _rel(np.concatenate([np.ravel(_host(g_tc["core"][k])) for k in names]), every)
+    e_lt = _rel(np.concatenate([np.ravel(_host(g_lt["core"][k])) for k in names]), every)
+    assert e_tc < 1.1 * e_lt and e_tc < 2e-2, (e_tc, e_lt)

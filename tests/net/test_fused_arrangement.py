@@ -112,6 +112,16 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         refs = R.linear_gemm(a, [t.T for t in wt], bias, relu)
         return [_put(None if out is None else o, r) for o, r in zip(out or [None] * len(a), refs)]
 
+    def linear_gemm_relu_backward(a, wt, y, *, addend=None, out=None, rounded=0, tf32_out=False):
+        assert written_rounded(a, rounded), rounded
+        r = _put(out, R.linear_gemm_relu_backward(a, wt.T, y, addend))
+        if tf32_out:
+            rounded_out.append((r, r.shape[1]))
+        return r
+
+    def linear_gemm_relu_backward_fills(rows, cols):
+        return glu_gemm_on
+
     def round_tf32(x, *, out=None):  # (float64 here: TF32 modelled as exact, as in matmul)
         return _put(out, x.copy())
 
@@ -151,9 +161,12 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     def relu_backward(dy, y, *, addend=None, out=None):
         return _put(out, R.relu_backward(dy, y, addend))
 
-    def vsn_backward(dz, h2, m, *, dh2=None, dmpre=None):
+    def vsn_backward(dz, h2, m, *, dh2=None, dmpre=None, tf32=False):
         a, b = R.vsn_backward(dz, h2, m)
-        return _put(dh2, a), _put(dmpre, b)
+        dh2, dmpre = _put(dh2, a), _put(dmpre, b)
+        if tf32:
+            rounded_out.append((dmpre, dmpre.shape[1]))
+        return dh2, dmpre
 
     def dueling_softmax_forward(v, adv, z, offsets, *, branches=None, v_bias=None, adv_bias=None,
                                 want=("log_probs", "probs", "q", "var"), segments=None, log_probs=None,
@@ -221,7 +234,8 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward, glu_gemm, glu_gemm_supported, transpose, linear_gemm,
         wgrad_gemm, wgrad_gemm_sets, wgrad_gemm_supported, round_tf32, glu_backward_gemm,
-        glu_backward_gemm_fills, heads_dueling, heads_dueling_fills, heads_dueling_supported)},
+        glu_backward_gemm_fills, heads_dueling, heads_dueling_fills, heads_dueling_supported,
+        linear_gemm_relu_backward, linear_gemm_relu_backward_fills)},
         GLU_BACKWARD_GEMM_SETS=2, LINEAR_GEMM_COLS=160)
 
 
