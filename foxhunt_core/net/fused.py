@@ -276,6 +276,13 @@ STACK_MAX_ROWS = 1024
 # 1.388-1.391 against 1.387, at 65536 4.726-4.742 against 4.754 (benchmarks/bench_update.py, one
 # run each way; benchmarks/results/2026-11-30-h200/round9).
 WGRAD_HEADS_MIN_ROWS = 32768
+# The rows from which the trunk's input gradients run as linear_gemm_relu_backward (the ReLU's
+# backward in the GEMM's epilogue; fused_relu_backward). Alone it is faster from 16384 rows (55.3
+# against 58.5 us for both layers there, 182.6 against 211.8 at 65536: benchmarks/bench_kernels.py),
+# but it holds every SM, where cuBLAS's GEMM and relu_backward leave room for the side stream's
+# weight gradients: in the update at 16384 it was 3-5 us slower (1.313 against 1.310 ms, 1.323
+# against 1.318: two runs), at 65536 6-15 us faster (4.520 against 4.526, 4.487 against 4.502).
+RELU_GEMM_MIN_ROWS = 32768
 # The advantage heads with the dueling forward in their kernel (fused_heads_dueling, heads_dueling):
 # off, the heads' GEMM writes the advantage rows and dueling_softmax_forward reads them back.
 HEADS_DUELING = True
@@ -611,10 +618,10 @@ def fused_relu_backward(net: Any, rows: int) -> bool:
     """Whether the trunk's input gradients (through the VSN's weights into h2, through trunk.w2
     into h1) run as :func:`foxhunt_core.gpu.kernels.linear_gemm_relu_backward` (the GEMM on the
     TF32 tensor cores with the ReLU's backward in its epilogue, so the product never reaches
-    memory): TF32 on, a device it supports, and a tile for every SM over ``rows`` rows of either
-    width. Otherwise cuBLAS's GEMM and ``relu_backward``."""
+    memory): TF32 on, a device it supports, a tile for every SM over ``rows`` rows of either width,
+    and at least :data:`RELU_GEMM_MIN_ROWS` rows. Otherwise cuBLAS's GEMM and ``relu_backward``."""
     s = net.settings
-    return (cublas.tf32_enabled() and K.glu_gemm_supported()
+    return (rows >= RELU_GEMM_MIN_ROWS and cublas.tf32_enabled() and K.glu_gemm_supported()
             and all(K.linear_gemm_relu_backward_fills(rows, n) for n in (s.shared_h1, s.shared_h2)))
 
 
@@ -777,6 +784,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     # branch's weights meet them, so every other weight gradient is zero over those rows. (The
     # weight gradients run beside the input gradients, on the side stream: see gpu/streams.py.)
     use_zq = not net.extra_width[MAGNITUDE]
+    dq_z = cp.empty((B, -(-n_dir // 4) * 4), dtype=cp.float32) if use_zq else None  # d loss / d z's direction-Q columns
     dz_started = bool(net.branch_inputs)
     use_wgrad = fused_wgrad(net)
     use_wgrad_h = fused_wgrad(net, heads=True) and B >= WGRAD_HEADS_MIN_ROWS
@@ -870,7 +878,14 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                     if d != MAGNITUDE:
                         gw[H2 : H2 + n_dir, with_v + 2 * H * i : with_v + 2 * H * (i + 1)] = 0.0
         if bu is None:  # K = n 2H (+ the value head's): every branch's gate and value at once, into dz
-            mm(dy, wj.T, out=dz, beta=1.0 if dz_started else 0.0)
+            # Only z's first H2 columns' gradient goes on (vsn_backward reads it): N = 256 where the
+            # whole row's 260 took a third more tiles. The direction-Q columns' (dq, which the
+            # direction branch's dueling backward reads) comes from the magnitude branch's
+            # pre-activation gradients alone: only its weights meet those columns.
+            if use_zq and MAGNITUDE in g:
+                c0 = with_v + 2 * H * g.index(MAGNITUDE)
+                mm(dy[:, c0 : c0 + 2 * H], wj[H2 : H2 + n_dir, c0 : c0 + 2 * H].T, out=dq_z[:, :n_dir])
+            mm(dy, wj[:H2].T, out=dz[:, :H2], beta=1.0 if dz_started else 0.0)
             dz_started = True
             return None
         mm(dpv, wj[:H2].T, out=dz[:, :H2], beta=1.0)
@@ -879,10 +894,10 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     groups = branch_groups(net)
     first = next(gr for gr in groups if MAGNITUDE in gr)
     dxes: dict[int, Array | None] = {first[0]: group_backward(first)}
-    # The conditioning path into the direction branch's Q: d loss / d (q_dir / q_scale), in the
-    # direction-Q columns of dz (or of the extra columns' gradient), read by the kernel as it is.
+    # The conditioning path into the direction branch's Q: d loss / d (q_dir / q_scale), the
+    # direction-Q columns' gradient (dq_z, or the extra columns' gradient), read by the kernel as it is.
     dxq = dxes[first[0]]
-    dq = dz[:, H2 : H2 + n_dir] if dxq is None else dxq[:, :n_dir]
+    dq = dq_z[:, :n_dir] if dxq is None else dxq[:, :n_dir]
     K.dueling_backward(dlogits, z_sup, offs, branches=(0, 1), accumulate_dv=True, dq=dq, dq_scale=1.0 / net.q_scale,
                        probs=out.probs, q=c["q"], dv=dv, dadv=dadv, padded=True)
     for gr in groups:
@@ -897,7 +912,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 col += st.width
 
     if not lead:  # the value head on its own (with it joined, the direction branch's GEMMs did this)
-        mm(dv, block("value.w").T, out=dz, beta=1.0)
+        mm(dv, block("value.w")[:H2].T, out=dz[:, :H2], beta=1.0)
         gv = grad_block("value.w")
         with streams.beside():
             mm(z.T, dv, out=gv)  # weights and (ones column) bias

@@ -335,8 +335,9 @@ def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypat
 def test_graph_replay_through_wgrad_gemm_equals_eager_updates(monkeypatch):
     """The default network under TF32 (its GLU blocks' weight gradients through wgrad_gemm and the
     heads' through wgrad_gemm_sets, here from any batch size, their scratch from the graph's own
-    memory pool) inside the captured update: replay gives the eager updates, at a stacked batch size
-    and past the stacking threshold."""
+    memory pool; at 16384 rows the trunk's input gradients through linear_gemm_relu_backward)
+    inside the captured update: replay gives the eager updates, at a stacked batch size and past
+    the stacking threshold."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
@@ -344,6 +345,7 @@ def test_graph_replay_through_wgrad_gemm_equals_eager_updates(monkeypatch):
     from foxhunt_core.net import fused
 
     monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)
+    monkeypatch.setattr(fused, "RELU_GEMM_MIN_ROWS", 0)  # (linear_gemm_relu_backward at 16384 rows too)
 
     if not K.wgrad_gemm_supported(260):
         pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
@@ -373,6 +375,9 @@ def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cu
 
     if not K.glu_gemm_supported():
         pytest.skip("linear_gemm_relu_backward needs a compute capability 9.0 GPU")
+    from foxhunt_core.net import fused
+
+    monkeypatch.setattr(fused, "RELU_GEMM_MIN_ROWS", 0)
     rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
     calls = []
     real = K.linear_gemm_relu_backward

@@ -295,6 +295,7 @@ def numpy_fused(monkeypatch, request):
     monkeypatch.setattr(fused, "cublas", _blas())
     monkeypatch.setattr(fused, "streams", _one_stream())
     monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)  # (the heads' wgrad_gemm_sets at these few rows too)
+    monkeypatch.setattr(fused, "RELU_GEMM_MIN_ROWS", 0)  # (and linear_gemm_relu_backward)
     return fused
 
 
