@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from foxhunt_core.backend import ARCH_SPECIFIC
-from foxhunt_core.gpu.kernels import DEFAULT_DEFINES
+from foxhunt_core.gpu.kernels import DEFAULT_DEFINES, GLU_BACKWARD_GEMM_DQ_COLS
 from foxhunt_core.gpu.launch import branch_defines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,10 +137,12 @@ def test_wgrad_gemm_compiles_unserialized_without_spills(stages: int, tmp_path: 
 
 @needs_nvcc
 @pytest.mark.parametrize("tail", [1, 2, 3, 4])
-def test_glu_backward_gemm_compiles_unserialized_without_spills(tail: int, tmp_path: Path) -> None:
-    """glu_backward_gemm.cu for each count of k steps in the last chunk: no serialized wgmma, no spill."""
-    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_backward_gemm.cu", {"GB_TAIL_STEPS": str(tail)},
-                    tmp_path, cubin=True)
+@pytest.mark.parametrize("nq", [0, GLU_BACKWARD_GEMM_DQ_COLS])
+def test_glu_backward_gemm_compiles_unserialized_without_spills(tail: int, nq: int, tmp_path: Path) -> None:
+    """glu_backward_gemm.cu for each count of k steps in the last chunk, without dq and with its
+    widest (four columns, Wq's weights held in registers): no serialized wgmma, no spill."""
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_backward_gemm.cu",
+                    {"GB_TAIL_STEPS": str(tail), "GB_NQ": str(nq)}, tmp_path, cubin=True)
     assert "C75" not in msgs and "serialized" not in msgs, msgs
     spills = re.findall(r"(\d+) bytes spill stores", msgs)
     assert len(spills) == 2 and all(n == "0" for n in spills), msgs
@@ -160,6 +162,7 @@ def test_glu_backward_gemm_defaults_agree_with_its_wrapper() -> None:
     assert "#define GB_THREADS (TC_THREADS + 64)" in src and K.GLU_GEMM_THREADS + 64 == K.GLU_BACKWARD_GEMM_THREADS
     assert K.GLU_BACK_ARGS.itemsize == (2 * K.GLU_BACKWARD_GEMM_SETS + 1) * 128  # sizeof(GluBackArgs)
     assert K._glu_backward_gemm_smem() <= 227 * 1024
+    assert K.GLU_BACKWARD_GEMM_DQ_H == 2 * int(defaults["GB_BH"])  # two column tiles: an exact sum
 
 
 def test_wgrad_gemm_defaults_agree_with_its_wrapper() -> None:

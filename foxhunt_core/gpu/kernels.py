@@ -964,7 +964,12 @@ def round_tf32(x: Array, *, out: Array | None = None) -> Array:
     return out
 
 
-def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> Array:
+GLU_BACKWARD_GEMM_DQ_COLS = 4  # dq's columns, at most
+GLU_BACKWARD_GEMM_DQ_H = 256  # dq's widest GLU: two column tiles, whose sums add exactly in either order
+
+
+def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, dq: Array | None = None,
+                      wq: Array | None = None, dq_set: int = 0) -> Array:
     """The GLU layers' backward from their advantage heads' gradients in one launch:
     :func:`glu_backward` of ``dh = [dadv[b] @ wo[b].T, ...]``, dh on the TF32 tensor cores (wgmma;
     see :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does) and
@@ -975,7 +980,13 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> 
     holds them, rounded to TF32 (:func:`round_tf32`); ``pv`` [M, blocks 2H]: branch b's
     ``[gate | value]`` pre-activations at column 2 H b, replaced by their gradients (in place;
     returned). Every matrix may be a view with a row pitch of a multiple of 4 floats, 16-byte
-    aligned (TMA moves them); K a multiple of 4, H of 128."""
+    aligned (TMA moves them); K a multiple of 4, H of 128.
+
+    With ``dq`` [M, n] and ``wq`` [n, 2H] (n up to :data:`GLU_BACKWARD_GEMM_DQ_COLS`, any row
+    pitch), ``dq`` is written with ``dpv_s @ wq.T``, ``dpv_s`` branch ``dq_set``'s pre-activation
+    gradients (in FP32, from the epilogue's registers): the gradient of the input columns that
+    ``wq`` joins to that branch. ``dq`` is zeroed here and each column tile adds its sum: H up to
+    :data:`GLU_BACKWARD_GEMM_DQ_H` (two tiles, whose order cannot change the sum)."""
     k = "glu_backward_gemm"
     sets = len(dadv)
     if not 1 <= sets <= GLU_BACKWARD_GEMM_SETS or len(wo) != sets:
@@ -990,6 +1001,21 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> 
         _rows_view(k, f"dadv[{i}]", dadv[i], (M, Kd))
         _rows_view(k, f"wo[{i}]", wo[i], (H, Kd))
     _rows_view(k, "pv", pv, (M, sets * 2 * H))
+    nq, ld_dq, ld_wq = 0, 0, 0
+    if (dq is None) != (wq is None):
+        raise ValueError(f"{k}: dq and wq go together")
+    if dq is not None:
+        _tc_operands(k, "dq and wq", (dq, wq))
+        nq = wq.shape[0]
+        if not 1 <= nq <= GLU_BACKWARD_GEMM_DQ_COLS:
+            raise ValueError(f"{k}: wq must have 1 to {GLU_BACKWARD_GEMM_DQ_COLS} rows, got {nq}")
+        if H > GLU_BACKWARD_GEMM_DQ_H:
+            raise ValueError(f"{k}: dq needs H up to {GLU_BACKWARD_GEMM_DQ_H} (two column tiles), got {H}")
+        if not 0 <= dq_set < sets:
+            raise ValueError(f"{k}: dq_set must name one of the {sets} branches, got {dq_set}")
+        ld_wq = _rows_view(k, "wq", wq, (nq, 2 * H))
+        ld_dq = _rows_view(k, "dq", dq, (M, nq))
+        dq.fill(0.0)
     if M == 0:
         return pv
     args = np.zeros(1, dtype=GLU_BACK_ARGS)
@@ -1000,14 +1026,15 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> 
     args["maps"][0, 2 * GLU_BACKWARD_GEMM_SETS] = tma.matrix_map(
         k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
     tail = (Kd - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
-    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": GLU_BACKWARD_GEMM_STAGES, "GB_TAIL_STEPS": tail})
+    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": GLU_BACKWARD_GEMM_STAGES, "GB_TAIL_STEPS": tail,
+                                              "GB_NQ": nq})
     smem = _glu_backward_gemm_smem()
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
     tiles = sets * (H // GLU_GEMM_COLS) * -(-M // GLU_GEMM_ROWS)
-    fn((min(tiles, sm_count()),), (GLU_BACKWARD_GEMM_THREADS,), (args, i32(M), i32(Kd), i32(H), i32(sets)),
-       shared_mem=smem)
+    fn((min(tiles, sm_count()),), (GLU_BACKWARD_GEMM_THREADS,),
+       (args, i32(M), i32(Kd), i32(H), i32(sets), dq, i32(ld_dq), wq, i32(ld_wq), i32(dq_set)), shared_mem=smem)
     return pv
 
 

@@ -198,6 +198,12 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> 
     return glu_backward(dh, pv, len(dadv))
 
 
+def glu_backward_dq(dpv: Array, wq: Array, dq_set: int, H: int) -> Array:
+    """:func:`glu_backward_gemm`'s ``dq``: branch ``dq_set``'s pre-activation gradients (of ``dpv``
+    [B, blocks 2H]) times ``wq`` [n, 2H] transposed."""
+    return dpv[:, 2 * H * dq_set : 2 * H * (dq_set + 1)] @ wq.T
+
+
 def bias_relu_forward(x: Array, bias: Array) -> Array:
     return L.relu(x + bias)
 

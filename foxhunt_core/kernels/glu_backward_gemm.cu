@@ -26,6 +26,14 @@
 // 65536 rows of the joint branches). Built on tc_gemm.cuh (the ring, the schedule without
 // clusters, consume_tile). What it saves is dh's write and read.
 //
+// With GB_NQ > 0, the tiles of branch `dq_set` also take dq [M, GB_NQ] += dpv_set Wq^T (Wq [GB_NQ, 2H]:
+// the weights by which the layer's input columns that carry the direction branch's Q reach this
+// branch's [gate | value] pre-activations): the pre-activation gradients are in registers here, and
+// a separate product read them back from memory (56.5 us over 65536 rows). Each thread adds its
+// elements' share in FP32 (no TF32 rounding), the four lanes of a row's quad add theirs, and one
+// lane adds the tile's sum to dq with an atomic add. With at most two column tiles per branch
+// (H <= 256) and dq zeroed first, the sum is exact to the order: 0 + a + b = 0 + b + a.
+//
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_backward_gemm): the tensor
 // maps describe dadv_b [M, K] and Wo_b [H, K] with boxes of 32 columns x 128 rows and pv
 // [M, blocks 2H] with boxes of 32 columns x 128 rows, 128-byte swizzle; H a multiple of 128.
@@ -37,6 +45,9 @@
 #define GB_SETS 3                                // branches per launch, at most
 #ifndef GB_STAGES
 #define GB_STAGES 3
+#endif
+#ifndef GB_NQ
+#define GB_NQ 0                                  // dq's columns (0: no dq)
 #endif
 #ifndef GB_TAIL_STEPS
 #define GB_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
@@ -60,7 +71,8 @@ __device__ __forceinline__ int part_col(int x, int b, int j0, int H) {
 }
 
 extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) __cluster_dims__(1, 1, 1)
-glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H, int blocks)
+glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H, int blocks,
+                  float* __restrict__ dq, int ld_dq, const float* __restrict__ wq, int ld_wq, int dq_set)
 {
     extern __shared__ unsigned char smem_raw[];
     unsigned stg;  // the tile's pre-activations, then their gradients: part x's gate box at x, value box at x + GB_PARTS
@@ -125,7 +137,38 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
     const int g = lane >> 2, q = lane & 3;
     unsigned phase = 0;
     float acc[GB_BH / 2];
+#if GB_NQ > 0
+    // Wq's weights at this tile's columns, spread over the lanes: the 16 (part, jj) steps of the
+    // epilogue each need 4 GB_NQ weights (gate and value, two columns, per dq column), the same for
+    // the lanes of one q; lane (g, q) holds those of steps 2 g and 2 g + 1 and the others take them
+    // by shuffles. Loaded when the tile's column tile changes (with a grid that is a multiple of the
+    // column tiles, once): loads from global memory in the epilogue waited behind the kernel's own
+    // traffic (as written first, 81 us more over 65536 rows instead of the product's 57).
+    float wl[8 * GB_NQ];
+    int w_tile = -1;
+#endif
     for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
+#if GB_NQ > 0
+        const int ct = sched.col_tile(p), m0 = sched.row0(p);
+        const bool with_q = ct / per_branch == dq_set;
+        if (with_q && ct != w_tile) {
+            w_tile = ct;
+            const int j0 = (ct % per_branch) * GB_BH;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int step = 2 * g + h, col = j0 + 32 * (step / 4) + 8 * (step % 4) + 2 * q;
+#pragma unroll
+                for (int i = 0; i < GB_NQ; ++i) {
+                    const float* w = wq + (size_t)i * ld_wq + col;
+                    float* o = wl + 4 * GB_NQ * h + 4 * i;
+                    o[0] = __ldg(w), o[1] = __ldg(w + 1), o[2] = __ldg(w + H), o[3] = __ldg(w + H + 1);
+                }
+            }
+        }
+        float dqs[2][GB_NQ];  // this thread's share of dq at rows r0 and r0 + 8
+#pragma unroll
+        for (int i = 0; i < 2 * GB_NQ; ++i) dqs[i / GB_NQ][i % GB_NQ] = 0.0f;
+#endif
         consume_tile<GB_BH, GB_TAIL_STEPS, 1>(acc, ring, sched.chunks, 0, wg, lane, tid & 127);
 
         // Epilogue (the accumulators' layout: wgmma_tf32): element 4 j + e is dh at row r0 (+ 8 for
@@ -139,6 +182,15 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
                 const int j = 4 * x + jj, col = 8 * jj + 2 * q;  // (col within the part's boxes)
+#if GB_NQ > 0
+                // Wq's weights at the gate and value columns of this thread's two GLU columns
+                // (step j), from lane (j / 2, q).
+                float w[4 * GB_NQ];
+                if (with_q)
+#pragma unroll
+                    for (int k = 0; k < 4 * GB_NQ; ++k)
+                        w[k] = __shfl_sync(0xffffffffu, wl[4 * GB_NQ * (j % 2) + k], 4 * (j / 2) + q);
+#endif
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const unsigned ag = staged_at(gates, r0 + 8 * half, col);
@@ -152,6 +204,12 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                     const float dg0 = dv0 * v0 * (1.0f - s0), dg1 = dv1 * v1 * (1.0f - s1);
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(ag), "f"(dg0), "f"(dg1) : "memory");
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(av), "f"(dv0), "f"(dv1) : "memory");
+#if GB_NQ > 0
+                    if (with_q)
+#pragma unroll
+                        for (int i = 0; i < GB_NQ; ++i)
+                            dqs[half][i] += dg0 * w[4 * i] + dg1 * w[4 * i + 1] + dv0 * w[4 * i + 2] + dv1 * w[4 * i + 3];
+#endif
                 }
             }
             // The part's gradients visible to the TMA unit, then the warp's arrival for the storer.
@@ -159,6 +217,20 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
             __syncwarp();
             if (lane == 0) mbar_arrive_cluster(ready + 8 * x, 0);
         }
+#if GB_NQ > 0
+        if (with_q)  // (uniform over the warp: the quads' shuffles may run)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = m0 + r0 + 8 * half;
+#pragma unroll
+                for (int i = 0; i < GB_NQ; ++i) {
+                    float v = dqs[half][i];
+                    v += __shfl_xor_sync(0xffffffffu, v, 1);
+                    v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    if (q == 0 && row < M) atomicAdd(dq + (size_t)row * ld_dq + i, v);
+                }
+            }
+#endif
     }
     cluster_sync();
 }

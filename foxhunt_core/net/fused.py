@@ -64,7 +64,9 @@ as few launches as possible:
   TF32 on, a Hopper GPU, a tile for every SM): ``glu_backward_gemm`` computes the GLU outputs'
   gradient from the heads' (``dadv Wo^T``, the heads' weights rounded to TF32 once per backward)
   on the tensor cores and applies the gate's backward in its epilogue, over the pre-activations
-  in place: the GLU outputs' gradient never reaches memory.
+  in place: the GLU outputs' gradient never reaches memory. The magnitude branch's launch also
+  takes the gradient of z's direction-Q columns (dq) from the pre-activation gradients in its
+  registers (adv_h up to 256), where a separate product read them back.
 * **The GLU blocks' and the heads' weight gradients on the tensor cores** (:func:`fused_wgrad`;
   TF32 on, a Hopper GPU, z 257 to 264 wide: the default trunk's 260; likewise h for the heads):
   ``wgrad_gemm`` reduces over the batch with z transposed once (both GLU groups read it) and the
@@ -832,6 +834,9 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 for x, dy, gw_out in wgrads:
                     mm(x, dy, out=gw_out)
         dpv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]  # [d pre_gate | d val] ..., over the forward's
+        ghome, gcol = glu_home(net, d0)
+        # dq (below) in glu_backward_gemm's epilogue, from the magnitude branch's gradients there.
+        dq_in_gemm = tc_dh and use_zq and MAGNITUDE in g and H <= K.GLU_BACKWARD_GEMM_DQ_H
         if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
             for i in range(0, n, K.GLU_BACKWARD_GEMM_SETS):
                 part = g[i : i + K.GLU_BACKWARD_GEMM_SETS]
@@ -839,8 +844,13 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 for d in part:
                     home, col = out_home(net, d)
                     wos.append(rounded_block(home)[:, col : col + hcol[d + 1] - hcol[d]])
+                q_kw = {}
+                if dq_in_gemm and MAGNITUDE in part:
+                    c0 = gcol + 2 * H * g.index(MAGNITUDE)
+                    q_kw = {"dq": dq_z[:, :n_dir], "wq": block(ghome)[H2 : H2 + n_dir, c0 : c0 + 2 * H],
+                            "dq_set": part.index(MAGNITUDE)}
                 K.glu_backward_gemm([dadv[:, hcol[d] : hcol[d + 1]] for d in part], wos,
-                                    dpv[:, 2 * H * i : 2 * H * (i + len(part))])
+                                    dpv[:, 2 * H * i : 2 * H * (i + len(part))], **q_kw)
         elif sigmoid_gate:
             K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
         else:
@@ -851,10 +861,9 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
                 pv_all[:, lead + 2 * H * d : lead + 2 * H * d + H] = dpre
                 for k, val in gg.items():
                     ggate[k] = ggate[k] + val if k in ggate else val
-        home, col = glu_home(net, d0)
         with_v = lead if d0 == DIRECTION else 0  # the joined value head's gradient rides along
-        wj = block(home)[:, col - with_v : col + 2 * H * n]
-        gw = grad_block(home)[:, col - with_v : col + 2 * H * n]
+        wj = block(ghome)[:, gcol - with_v : gcol + 2 * H * n]
+        gw = grad_block(ghome)[:, gcol - with_v : gcol + 2 * H * n]
         dy = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]  # ([dv] |) dpv
         bu = c["branches"][d0]["u"]  # (a branch with extra input columns is a group of its own)
         with streams.beside():
@@ -881,8 +890,9 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             # Only z's first H2 columns' gradient goes on (vsn_backward reads it): N = 256 where the
             # whole row's 260 took a third more tiles. The direction-Q columns' (dq, which the
             # direction branch's dueling backward reads) comes from the magnitude branch's
-            # pre-activation gradients alone: only its weights meet those columns.
-            if use_zq and MAGNITUDE in g:
+            # pre-activation gradients alone: only its weights meet those columns (done above where
+            # glu_backward_gemm had them in its registers).
+            if use_zq and MAGNITUDE in g and not dq_in_gemm:
                 c0 = with_v + 2 * H * g.index(MAGNITUDE)
                 mm(dy[:, c0 : c0 + 2 * H], wj[H2 : H2 + n_dir, c0 : c0 + 2 * H].T, out=dq_z[:, :n_dir])
             mm(dy, wj[:H2].T, out=dz[:, :H2], beta=1.0 if dz_started else 0.0)

@@ -404,3 +404,39 @@ def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cu
     g_cpu, _, _, _ = cpu.loss_and_grads(batch, 0.01)
     _assert_as_accurate("linear_gemm_relu_backward", g_tc["core"], g_lt["core"], g_cpu["core"],
                         ["trunk.w1", "trunk.b1", "trunk.w2", "trunk.b2"])
+
+
+def test_direction_q_gradient_from_glu_backward_gemm_is_as_accurate_as_cublas(monkeypatch):
+    """The default network under TF32 (adv_h 256: two column tiles a branch), glu_backward_gemm as
+    if it filled the SMs (here at 2048 rows): the gradient of z's direction-Q columns (dq, which the
+    direction branch's dueling backward reads) from the magnitude branch's pre-activation gradients
+    in the kernel's epilogue. Against the NumPy float32 update from the same parameters and batch,
+    every core gradient is as close as the same update's with dq from cuBLAS's product: each within
+    50% of cuBLAS's error, all of them together within 10% (dq from the wrong branch, the wrong
+    half of Wq or one column tile missing is off by order one in the direction branch's)."""
+    cp = _cp()
+    from foxhunt_core.gpu import cublas
+    from foxhunt_core.gpu import kernels as K
+
+    if not K.glu_gemm_supported():
+        pytest.skip("glu_backward_gemm needs a compute capability 9.0 GPU")
+    from foxhunt_core.net import fused
+
+    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
+    calls = []  # whether each glu_backward_gemm call took dq
+    real = K.glu_backward_gemm
+    monkeypatch.setattr(K, "glu_backward_gemm", lambda *a, **kw: calls.append("dq" in kw) or real(*a, **kw))
+    monkeypatch.setattr(K, "glu_backward_gemm_fills", lambda rows, blocks, H: True)
+    batch = _batch(rng, 2048)
+    cublas.set_tf32(True)
+    try:
+        g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+        assert sorted(calls) == [False, True], calls  # two groups: the magnitude branch's took dq
+        monkeypatch.setattr(fused.K, "GLU_BACKWARD_GEMM_DQ_H", 0)  # dq through cuBLAS
+        g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
+        assert sorted(calls) == [False, False, False, True], calls
+    finally:
+        cublas.set_tf32(False)
+    assert abs(float(s_tc["loss"]) - float(s_lt["loss"])) <= 1e-6 * abs(float(s_lt["loss"]))  # the same forward
+    g_cpu, _, _, _ = cpu.loss_and_grads(batch, 0.01)
+    _assert_as_accurate("glu_backward_gemm's dq", g_tc["core"], g_lt["core"], g_cpu["core"], list(g_cpu["core"]))

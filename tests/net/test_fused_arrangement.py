@@ -128,8 +128,11 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
     def glu_backward_gemm_fills(rows, blocks, H):  # as if a single branch had too few tiles: both paths run
         return blocks > 1
 
-    def glu_backward_gemm(dadv, wo, pv):
+    def glu_backward_gemm(dadv, wo, pv, *, dq=None, wq=None, dq_set=0):
         pv[...] = R.glu_backward_gemm(dadv, wo, pv)
+        if dq is not None:
+            assert wq.shape[0] <= 4 and wo[0].shape[0] <= 256 and 0 <= dq_set < len(dadv)
+            dq[...] = R.glu_backward_dq(pv, wq, dq_set, wo[0].shape[0])
         return pv
 
     def wgrad_gemm_supported(n=None):
@@ -236,7 +239,7 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         wgrad_gemm, wgrad_gemm_sets, wgrad_gemm_supported, round_tf32, glu_backward_gemm,
         glu_backward_gemm_fills, heads_dueling, heads_dueling_fills, heads_dueling_supported,
         linear_gemm_relu_backward, linear_gemm_relu_backward_fills)},
-        GLU_BACKWARD_GEMM_SETS=2, LINEAR_GEMM_COLS=160)
+        GLU_BACKWARD_GEMM_SETS=2, GLU_BACKWARD_GEMM_DQ_H=256, LINEAR_GEMM_COLS=160)
 
 
 def _one_stream() -> types.SimpleNamespace:
