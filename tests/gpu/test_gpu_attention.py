@@ -1,7 +1,10 @@
 """Parity of attention.cu (forward, backward, parameter-gradient reduction) with attention.py.
 
 Tolerance: ``||out - ref|| / ||ref|| < 1e-5`` for qc, the attention weights, dq and the four
-parameter gradients (float32 per sample, float64 sums over the batch).
+parameter gradients (float32 per sample, float64 sums over the batch); ``1e-4`` for the backward
+of the peaked case (Q's standard deviation 30), which is ill-conditioned in float32: the NumPy
+reference itself, run in float32, is off from its float64 run by 1e-6 to 1.2e-5 over 12 seeds
+(the gradients of nearly saturated softmax rows, a (1 - a) with a within float32's resolution of 1).
 
 The sizes cover: a batch that is not a multiple of the 16 samples of a block and batches larger
 than one grid-stride round (forward: 3 blocks of 16 samples per SM, backward: 2), A and k at
@@ -21,6 +24,7 @@ from foxhunt_core.gpu.qkernels import attention_params_size
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
+TOL_PEAKED = 1e-4  # the backward with Q's standard deviation at 30 (see above)
 NAMES = ("attn.emb", "attn.wq", "attn.wk", "attn.gate")
 
 
@@ -81,10 +85,11 @@ def test_attention_backward_matches_numpy(cp, rng, B, A, k, q_scale):
     _, cache = attention.forward(p64, host64(q))
     rdq, rgrads = attention.backward(p64, cache, host64(dqc))
     assert none is None
-    assert_close("dq", dq, rdq, TOL)
+    tol = TOL_PEAKED if q_scale >= 30 else TOL
+    assert_close("dq", dq, rdq, tol)
     for n in NAMES:
-        assert_close(n, grads[n], rgrads[n], TOL)
-        assert_close(f"{n} (no dq)", grads_no_dq[n], rgrads[n], TOL)
+        assert_close(n, grads[n], rgrads[n], tol)
+        assert_close(f"{n} (no dq)", grads_no_dq[n], rgrads[n], tol)
 
 
 def test_attention_backward_without_dq_and_repeatable(cp, rng):
