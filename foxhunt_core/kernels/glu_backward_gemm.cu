@@ -179,18 +179,12 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
         for (int x = 0; x < GB_PARTS; ++x) {
             mbar_wait(full + 8 * x, phase);
             const unsigned gates = stg + x * GB_BOX, values = stg + (x + GB_PARTS) * GB_BOX;
+#if GB_NQ > 0
+            float dvk[4][2][2];  // the part's value gradients, kept for dq (its gate gradients go over dh in acc)
+#endif
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
                 const int j = 4 * x + jj, col = 8 * jj + 2 * q;  // (col within the part's boxes)
-#if GB_NQ > 0
-                // Wq's weights at the gate and value columns of this thread's two GLU columns
-                // (step j), from lane (j / 2, q).
-                float w[4 * GB_NQ];
-                if (with_q)
-#pragma unroll
-                    for (int k = 0; k < 4 * GB_NQ; ++k)
-                        w[k] = __shfl_sync(0xffffffffu, wl[4 * GB_NQ * (j % 2) + k], 4 * (j / 2) + q);
-#endif
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const unsigned ag = staged_at(gates, r0 + 8 * half, col);
@@ -205,10 +199,8 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(ag), "f"(dg0), "f"(dg1) : "memory");
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(av), "f"(dv0), "f"(dv1) : "memory");
 #if GB_NQ > 0
-                    if (with_q)
-#pragma unroll
-                        for (int i = 0; i < GB_NQ; ++i)
-                            dqs[half][i] += dg0 * w[4 * i] + dg1 * w[4 * i + 1] + dv0 * w[4 * i + 2] + dv1 * w[4 * i + 3];
+                    acc[4 * j + 2 * half] = dg0, acc[4 * j + 2 * half + 1] = dg1;
+                    dvk[jj][half][0] = dv0, dvk[jj][half][1] = dv1;
 #endif
                 }
             }
@@ -216,6 +208,27 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncwarp();
             if (lane == 0) mbar_arrive_cluster(ready + 8 * x, 0);
+#if GB_NQ > 0
+            // The part's share of dq once its gradients are on their way out: the kernel is bound by
+            // each part's round of load, epilogue and store, which dq's arithmetic inside the
+            // epilogue lengthened (over 65536 rows of three branches: 344.7 us there, 339.0 here,
+            // 305.0 without dq; the separate product took 58).
+            if (with_q)
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int j = 4 * x + jj;
+                    float w[4 * GB_NQ];  // Wq's weights at this thread's two GLU columns of step j, from lane (j / 2, q)
+#pragma unroll
+                    for (int k = 0; k < 4 * GB_NQ; ++k)
+                        w[k] = __shfl_sync(0xffffffffu, wl[4 * GB_NQ * (j % 2) + k], 4 * (j / 2) + q);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half)
+#pragma unroll
+                        for (int i = 0; i < GB_NQ; ++i)
+                            dqs[half][i] += acc[4 * j + 2 * half] * w[4 * i] + acc[4 * j + 2 * half + 1] * w[4 * i + 1]
+                                            + dvk[jj][half][0] * w[4 * i + 2] + dvk[jj][half][1] * w[4 * i + 3];
+                }
+#endif
         }
 #if GB_NQ > 0
         if (with_q)  // (uniform over the warp: the quads' shuffles may run)
