@@ -30,7 +30,8 @@ median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack
   [B, 156]) as cuBLASLt's GEMMs (in both orientations) and as ``wgrad_gemm_sets``;
 - the GLUs' backward from their heads' gradients over the B rows of s (dh = dadv Wo^T, then the
   gate's backward over pv, in place), as cuBLASLt's GEMM and ``glu_backward``, and as one
-  ``glu_backward_gemm``;
+  ``glu_backward_gemm``; the joint branches' with the direction-Q gradient (dq = dpv_mag Wq^T,
+  [B, 512] x [512, 3]) as a separate cuBLASLt product or in ``glu_backward_gemm``'s epilogue;
 - the trunk's input gradients over the B rows of s (dh2 = (dh2' + dmpre Wv^T) * (h2 > 0), then
   dh1 = (dh2 W2^T) * (h1 > 0)), as cuBLASLt's GEMM and ``relu_backward``, and as one
   ``linear_gemm_relu_backward`` each (the ReLU's backward in the GEMM's epilogue).
@@ -267,6 +268,8 @@ def glu_backward_cases(B: int) -> dict:
     wo_r = K.round_tf32(wo)
     pv = rng.standard_normal((B, 8 * H), dtype=cp.float32)
     dh = cp.empty((B, 4 * H), cp.float32)
+    wq = rng.standard_normal((3, 2 * H), dtype=cp.float32) * 0.05  # the direction-Q rows over branch 1's columns
+    dq = cp.empty((B, 4), cp.float32)
     return {
         "GLU backward 3 branches: cuBLASLt dh GEMM (strided batch) + glu_backward": lambda: (
             cublas.matmul(dadv[:, W : 2 * W], wo[:, W : 2 * W].T, out=dh[:, H : 2 * H], batch=(3, W, W, H)),
@@ -274,6 +277,13 @@ def glu_backward_cases(B: int) -> dict:
         "GLU backward 3 branches: glu_backward_gemm": lambda: K.glu_backward_gemm(
             [dadv[:, W * i : W * (i + 1)] for i in (1, 2, 3)], [wo_r[:, W * i : W * (i + 1)] for i in (1, 2, 3)],
             pv[:, 2 * H :]),
+        "GLU backward 3 branches + dq: glu_backward_gemm, then the dq product (cuBLASLt)": lambda: (
+            K.glu_backward_gemm([dadv[:, W * i : W * (i + 1)] for i in (1, 2, 3)],
+                                [wo_r[:, W * i : W * (i + 1)] for i in (1, 2, 3)], pv[:, 2 * H :]),
+            cublas.matmul(pv[:, 2 * H : 4 * H], wq.T, out=dq[:, :3])),
+        "GLU backward 3 branches + dq: glu_backward_gemm with dq in its epilogue": lambda: K.glu_backward_gemm(
+            [dadv[:, W * i : W * (i + 1)] for i in (1, 2, 3)], [wo_r[:, W * i : W * (i + 1)] for i in (1, 2, 3)],
+            pv[:, 2 * H :], dq=dq[:, :3], wq=wq, dq_set=0),
         "GLU backward direction: cuBLASLt dh GEMM + glu_backward": lambda: (
             cublas.matmul(dadv[:, :W], wo[:, :W].T, out=dh[:, :H]),
             K.glu_backward(dh[:, :H], pv[:, : 2 * H], blocks=1, dpv=pv[:, : 2 * H])),

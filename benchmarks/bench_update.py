@@ -17,6 +17,10 @@ In one run on one GPU, for each batch size:
   share);
 * ``foxhunt cublas glu``: the graph replay with the GLUs and the advantage heads through cuBLAS
   (and ``glu_forward``) where they run as ``glu_gemm`` and ``linear_gemm`` (for their share);
+* ``foxhunt heads apart``, ``foxhunt relu apart``, ``foxhunt dq apart``: the graph replay with
+  the dueling forward after the heads' GEMM, the trunk's ReLU backward after cuBLAS's GEMMs, or
+  the direction-Q columns' gradient as a product of its own (each where the default runs it
+  inside a kernel's epilogue; for that kernel's share);
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
   loss inside a hand-captured graph), from benchmarks/torch_peer.py, which computes the same loss
@@ -104,6 +108,7 @@ FOXHUNT_VARIANTS = {
     "foxhunt cublas glu": dict(graphs=True, tune=True, glu_gemm=False),
     "foxhunt heads apart": dict(graphs=True, tune=True, heads_dueling=False),
     "foxhunt relu apart": dict(graphs=True, tune=True, relu_gemm=False),
+    "foxhunt dq apart": dict(graphs=True, tune=True, dq_gemm=False),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -113,7 +118,7 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
                   side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
-                  heads_dueling: bool = True, relu_gemm: bool = True) -> float:
+                  heads_dueling: bool = True, relu_gemm: bool = True, dq_gemm: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
@@ -124,8 +129,11 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     ``heads_dueling=False`` runs the dueling forward as its own kernel after the heads' GEMM rather
     than in the heads' kernel (``foxhunt_core.net.fused.HEADS_DUELING``), ``relu_gemm=False`` the
     trunk's input gradients as cuBLAS's GEMMs and ``relu_backward`` rather than
-    ``linear_gemm_relu_backward`` (``foxhunt_core.net.fused.fused_relu_backward``)."""
+    ``linear_gemm_relu_backward`` (``foxhunt_core.net.fused.fused_relu_backward``), ``dq_gemm=False``
+    the direction-Q columns' gradient as a product of its own rather than in
+    ``glu_backward_gemm``'s epilogue (``foxhunt_core.gpu.kernels.GLU_BACKWARD_GEMM_DQ_H``)."""
     from foxhunt_core.gpu import cublaslt, streams
+    from foxhunt_core.gpu import kernels as K
     from foxhunt_core.net import fused
 
     cublaslt.set_enabled(lt)
@@ -141,9 +149,13 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     if not relu_gemm:
         fused.fused_relu_backward = lambda net, rows: False
     fused.HEADS_DUELING = heads_dueling
+    dq_h = K.GLU_BACKWARD_GEMM_DQ_H
+    if not dq_gemm:
+        K.GLU_BACKWARD_GEMM_DQ_H = 0
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
+        K.GLU_BACKWARD_GEMM_DQ_H = dq_h
         fused.fused_glu, fused.fused_relu_backward = real_fused_glu, real_fused_relu
         fused.HEADS_DUELING = True
         cublaslt.set_enabled(True)
