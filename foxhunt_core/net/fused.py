@@ -836,7 +836,8 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
         dpv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]  # [d pre_gate | d val] ..., over the forward's
         ghome, gcol = glu_home(net, d0)
         # dq (below) in glu_backward_gemm's epilogue, from the magnitude branch's gradients there.
-        dq_in_gemm = tc_dh and use_zq and MAGNITUDE in g and H <= K.GLU_BACKWARD_GEMM_DQ_H
+        dq_in_gemm = (tc_dh and use_zq and MAGNITUDE in g and H <= K.GLU_BACKWARD_GEMM_DQ_H
+                      and n_dir <= K.GLU_BACKWARD_GEMM_DQ_COLS)
         if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
             for i in range(0, n, K.GLU_BACKWARD_GEMM_SETS):
                 part = g[i : i + K.GLU_BACKWARD_GEMM_SETS]

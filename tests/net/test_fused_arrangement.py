@@ -239,7 +239,7 @@ def _kernels(glu_gemm_on: bool) -> types.SimpleNamespace:
         wgrad_gemm, wgrad_gemm_sets, wgrad_gemm_supported, round_tf32, glu_backward_gemm,
         glu_backward_gemm_fills, heads_dueling, heads_dueling_fills, heads_dueling_supported,
         linear_gemm_relu_backward, linear_gemm_relu_backward_fills)},
-        GLU_BACKWARD_GEMM_SETS=2, GLU_BACKWARD_GEMM_DQ_H=256, LINEAR_GEMM_COLS=160)
+        GLU_BACKWARD_GEMM_SETS=2, GLU_BACKWARD_GEMM_DQ_H=256, GLU_BACKWARD_GEMM_DQ_COLS=4, LINEAR_GEMM_COLS=160)
 
 
 def _one_stream() -> types.SimpleNamespace:
@@ -395,8 +395,19 @@ def _assert_padding_zero(flat):
 @pytest.mark.parametrize("stages", [False, True, "gate", "columns", "direction-columns"],
                          ids=["core", "gate+columns", "gate", "columns", "direction-columns"])
 def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, padded):
+    _check_against_the_reference(numpy_fused, _net(stages), padded)
+
+
+def test_a_direction_branch_wider_than_glu_backward_gemms_dq(numpy_fused):
+    """Five direction actions: z's direction-Q columns are more than glu_backward_gemm's dq takes
+    (four), so their gradient comes from the separate product."""
+    s = NetSettings(shared_h1=24, shared_h2=16, adv_h=12, num_atoms=11, branch_sizes=(5, 3, 3, 3))
+    _check_against_the_reference(numpy_fused, BranchingC51(s), True)
+
+
+def _check_against_the_reference(numpy_fused, net, padded):
+    """The fused forward and backward of ``net`` against its reference ones (float64)."""
     rng = np.random.default_rng(7)
-    net = _net(stages)
     flat = _flat_params(net, rng, padded)
     params = flat.tree
     obs = rng.normal(size=(9, net.settings.state_dim))
