@@ -1,7 +1,7 @@
 """The update's own (non-GEMM) kernels at the update's shapes, each timed alone.
 
     python benchmarks/bench_kernels.py [--batches 16384 65536] [--repeats 30] [--only NAME] [--glu-cluster C]
-        [--linear-cluster C] [--linear-stages S] [--wgrad-stages S]
+        [--glu-ring S [B [H]]] [--glu-pv-registers] [--linear-cluster C] [--linear-stages S] [--wgrad-stages S]
 
 For each batch size B of the stage-0 network (12 actions in 4 branches of 3, 51 atoms), the
 median µs per call, replayed from a captured CUDA graph (benchmarks/bench_stack.py's
@@ -368,10 +368,16 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only the kernels whose name contains this")
     ap.add_argument("--glu-cluster", type=int, choices=(1, 2, 4), default=None,
                     help="glu_gemm's cluster size (CTAs sharing their weight loads; default: the kernel's)")
+    ap.add_argument("--glu-ring", type=int, nargs="+", default=None, metavar="N",
+                    help="glu_gemm's ring and staging: stages [staged boxes [boxes per hand-off]] "
+                         "(kernels.glu_gemm_ring; 3 alone: the whole tile's h staged at once; default: the kernel's)")
+    ap.add_argument("--glu-pv-registers", action="store_true",
+                    help="glu_gemm stores pv from the registers rather than by TMA (kernels.GLU_GEMM_PV_TMA off)")
     ap.add_argument("--linear-cluster", type=int, choices=(1, 2, 4), default=None,
                     help="linear_gemm's cluster size (default: the kernel's)")
-    ap.add_argument("--linear-stages", type=int, choices=(3, 4), default=None,
-                    help="linear_gemm's shared-memory stages (default: the kernel's)")
+    ap.add_argument("--linear-stages", type=int, choices=(3, 4, 5), default=None,
+                    help="linear_gemm's shared-memory stages (5 fits 128-column tiles only: --only trunk; default: the "
+                         "kernel's)")
     ap.add_argument("--wgrad-stages", type=int, choices=(3, 4), default=None,
                     help="wgrad_gemm's shared-memory stages (default: the kernel's)")
     args = ap.parse_args()
@@ -381,6 +387,9 @@ def main() -> None:
 
     if args.glu_cluster is not None:
         K.GLU_GEMM_CLUSTER = args.glu_cluster
+    if args.glu_ring is not None:
+        K.glu_gemm_ring(*args.glu_ring)
+    K.GLU_GEMM_PV_TMA = not args.glu_pv_registers
     if args.linear_cluster is not None:
         K.LINEAR_GEMM_CLUSTER = args.linear_cluster
     if args.linear_stages is not None:

@@ -21,6 +21,10 @@ In one run on one GPU, for each batch size:
   the dueling forward after the heads' GEMM, the trunk's ReLU backward after cuBLAS's GEMMs, or
   the direction-Q columns' gradient as a product of its own (each where the default runs it
   inside a kernel's epilogue; for that kernel's share);
+* ``foxhunt glu 3 stages``: the graph replay with ``glu_gemm``'s ring of three stages and the
+  whole tile's h staged at once (the arrangement before its fourth stage); ``foxhunt pv from
+  registers``: with ``glu_gemm`` storing the pre-activations it keeps from the registers rather
+  than through its staging buffer by TMA;
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
   loss inside a hand-captured graph), from benchmarks/torch_peer.py, which computes the same loss
@@ -109,6 +113,8 @@ FOXHUNT_VARIANTS = {
     "foxhunt heads apart": dict(graphs=True, tune=True, heads_dueling=False),
     "foxhunt relu apart": dict(graphs=True, tune=True, relu_gemm=False),
     "foxhunt dq apart": dict(graphs=True, tune=True, dq_gemm=False),
+    "foxhunt glu 3 stages": dict(graphs=True, tune=True, glu_stages=3),
+    "foxhunt pv from registers": dict(graphs=True, tune=True, pv_tma=False),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -118,7 +124,8 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
                   side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
-                  heads_dueling: bool = True, relu_gemm: bool = True, dq_gemm: bool = True) -> float:
+                  heads_dueling: bool = True, relu_gemm: bool = True, dq_gemm: bool = True,
+                  glu_stages: int | None = None, pv_tma: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
@@ -131,7 +138,11 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     trunk's input gradients as cuBLAS's GEMMs and ``relu_backward`` rather than
     ``linear_gemm_relu_backward`` (``foxhunt_core.net.fused.fused_relu_backward``), ``dq_gemm=False``
     the direction-Q columns' gradient as a product of its own rather than in
-    ``glu_backward_gemm``'s epilogue (``foxhunt_core.gpu.kernels.GLU_BACKWARD_GEMM_DQ_H``)."""
+    ``glu_backward_gemm``'s epilogue (``foxhunt_core.gpu.kernels.GLU_BACKWARD_GEMM_DQ_H``),
+    ``glu_stages=3`` runs ``glu_gemm`` with three stages in its ring and the whole tile's h staged
+    for one hand-off to the TMA unit (``foxhunt_core.gpu.kernels.glu_gemm_ring``), ``pv_tma=False``
+    has ``glu_gemm`` store the pre-activations it keeps from the registers rather than by TMA
+    (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.gpu import kernels as K
     from foxhunt_core.net import fused
@@ -152,9 +163,15 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     dq_h = K.GLU_BACKWARD_GEMM_DQ_H
     if not dq_gemm:
         K.GLU_BACKWARD_GEMM_DQ_H = 0
+    ring = K.glu_gemm_ring()
+    if glu_stages is not None:
+        K.glu_gemm_ring(glu_stages)
+    K.GLU_GEMM_PV_TMA = pv_tma
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
+        K.GLU_GEMM_PV_TMA = True
+        K.glu_gemm_ring(*ring)
         K.GLU_BACKWARD_GEMM_DQ_H = dq_h
         fused.fused_glu, fused.fused_relu_backward = real_fused_glu, real_fused_relu
         fused.HEADS_DUELING = True

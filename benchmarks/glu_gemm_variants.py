@@ -34,21 +34,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu"
 
 SIGMOID = "float h0 = fast_sigmoid(g0) * v0, h1 = fast_sigmoid(g1) * v1;"
-STORE = ('                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\\n" ::"r"(staged_at(hbuf, r, col)), "f"(h0), '
-         '"f"(h1)\n                             : "memory");')
+STORE = ('                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\\n"\n'
+         '                                 ::"r"(staged_at(slot, r0 + 8 * half, 8 * j + 2 * q - 32 * b0)), '
+         '"f"(v.x), "f"(v.y)\n                                 : "memory");')
 EPILOGUE_START = "        // Epilogue (the accumulators' layout"
-LOOP = "#pragma unroll\n        for (int j = 0; j < GW_BH / 8; ++j) {"
-RELEASE = "        staging_release();"
+HAND_OFF = "        auto hand_off = [&](int b0, const TensorMap* map, int c0, auto value) {"
+RELEASE = "            staging_release();"
 
 # name: [(old, new), ...] in glu_gemm.cu
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "kernel": [],
     "no sigmoid": [(SIGMOID, "float h0 = g0 * v0, h1 = g1 * v1;")],
-    "no TMA store": [("tma_store(&map_h, hbuf", "if (M < 0) tma_store(&map_h, hbuf")],
+    "no TMA store": [("tma_store(map, slot", "if (M < 0) tma_store(map, slot")],
     "no staging": [  # the values summed into one register, stored never
-        (STORE, "                sink += h0 + h1;"),
-        (LOOP, "        float sink = 0.0f;\n" + LOOP),
-        (RELEASE, "        if (sink == 1234.5f) h[0] = sink;\n" + RELEASE)],
+        (STORE, "                    sink += v.x + v.y;"),
+        (HAND_OFF, "        float sink = 0.0f;\n" + HAND_OFF),
+        (RELEASE, "            if (sink == 1234.5f) h[0] = sink;\n" + RELEASE)],
     "no epilogue": [(EPILOGUE_START, "        if (M > 0) continue;\n" + EPILOGUE_START)],
 }
 

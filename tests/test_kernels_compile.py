@@ -107,15 +107,21 @@ def test_linear_gemm_compiles_unserialized_without_spills(defines: dict, tmp_pat
 
 
 @needs_nvcc
-@pytest.mark.parametrize(("cluster", "tail"), [(1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 4)])
-def test_glu_gemm_compiles_for_each_cluster_size_and_k_tail(cluster: int, tail: int, tmp_path: Path) -> None:
-    """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster) and
-    for each count of k steps in its last chunk (the wrapper's variants by K), through ptxas: its
-    wgmma products must not be serialized (ptxas's C7520, which a wgmma under a run-time
-    condition brings) and nothing may spill."""
-    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu",
-                    {"GW_CLUSTER": str(cluster), "GW_TAIL_STEPS": str(tail), "GW_ROUND_H": str(tail % 2)},
-                    tmp_path, cubin=True)
+@pytest.mark.parametrize(("cluster", "tail", "ring"), [(1, 4, ()), (2, 1, ()), (2, 2, ()), (2, 3, ()), (2, 4, ()),
+                                                       (4, 4, ()), (2, 4, (3, 4, 4)), (2, 1, (3, 4, 1)),
+                                                       (2, 2, (4, 2, 2)), (2, 4, (4, 1, 1)), (2, 4, (4, 2, 1, 1)),
+                                                       (2, 1, (3, 4, 4, 1)), (1, 2, (4, 2, 2, 1))])
+def test_glu_gemm_compiles_for_each_cluster_size_k_tail_and_ring(cluster: int, tail: int, ring: tuple,
+                                                                 tmp_path: Path) -> None:
+    """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster), for
+    each count of k steps in its last chunk (the wrapper's variants by K) and with the rings and
+    staging buffers of kernels.glu_gemm_ring (stages, staged boxes, boxes per hand-off; and pv
+    through the staging buffer by TMA, GW_PV_TMA), through
+    ptxas: its wgmma products must not be serialized (ptxas's C7520, which a wgmma under a
+    run-time condition brings) and nothing may spill."""
+    defines = {"GW_CLUSTER": str(cluster), "GW_TAIL_STEPS": str(tail), "GW_ROUND_H": str(tail % 2)}
+    defines.update(zip(("GW_STAGES", "GW_STAGED_BOXES", "GW_STORE_BOXES", "GW_PV_TMA"), map(str, ring), strict=False))
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu", defines, tmp_path, cubin=True)
     assert "C7520" not in msgs and "serialized" not in msgs, msgs
     spills = re.findall(r"(\d+) bytes spill stores", msgs)
     assert spills and all(n == "0" for n in spills), msgs
@@ -188,6 +194,8 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     src = "".join((kdir / f).read_text() for f in ("tc_gemm.cuh", "glu_gemm.cu", "linear_gemm.cu"))
     defaults = dict(re.findall(r"#define ((?:GW|LG|TC)_\w+) (\d+)\b", src))
     assert int(defaults["GW_STAGES"]) == K.GLU_GEMM_STAGES
+    assert int(defaults["GW_STAGED_BOXES"]) == K.GLU_GEMM_STAGED_BOXES
+    assert int(defaults["GW_STORE_BOXES"]) == K.GLU_GEMM_STORE_BOXES
     assert int(defaults["GW_CLUSTER"]) == K.GLU_GEMM_CLUSTER
     assert (int(defaults["TC_BM"]), int(defaults["GW_BH"])) == (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS)
     assert 32 * int(defaults["TC_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
@@ -206,6 +214,28 @@ def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
     assert int(re.search(r"#define DG_BUDGET (\d+)", row).group(1)) == K.HEADS_DUELING_BUDGET
     assert K._linear_gemm_smem(dueling=True) <= 227 * 1024  # an H100/H200 block's most
     assert K._linear_gemm_smem() <= 227 * 1024 and K._glu_gemm_smem() <= 227 * 1024
+
+
+def test_glu_gemm_ring_fits_shared_memory_or_refuses() -> None:
+    """kernels.glu_gemm_ring: the default, the three-stage ring and the rings the GPU tests build fit
+    a Hopper block's 227 KiB; a ring that would not, or a staging buffer that does not take whole
+    hand-offs, is refused and leaves the setting as it was."""
+    from foxhunt_core.gpu import kernels as K
+
+    default = K.glu_gemm_ring()
+    assert default == (4, 2, 1)
+    try:
+        for ring in [(3, 4, 4), (3, 4, 1), (4, 2, 2), (4, 1, 1), (4,), (3,)]:
+            K.glu_gemm_ring(*ring)
+            assert K._glu_gemm_smem() <= 227 * 1024
+        assert K.glu_gemm_ring() == (3, 4, 4)  # three stages alone: the whole tile's h at once
+        K.glu_gemm_ring(*default)
+        for bad in [(4, 4, 4), (5, 2, 1), (2, 2, 1), (4, 2, 4), (4, 3, 1)]:
+            with pytest.raises(ValueError, match="glu_gemm"):
+                K.glu_gemm_ring(*bad)
+            assert K.glu_gemm_ring() == default
+    finally:
+        K.glu_gemm_ring(*default)
 
 
 @needs_nvcc

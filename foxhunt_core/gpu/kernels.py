@@ -554,16 +554,44 @@ def glu_forward(pv: Array, *, width: int | None = None, blocks: int = 1, h: Arra
 
 GLU_GEMM_ROWS, GLU_GEMM_COLS, GLU_GEMM_THREADS = 128, 128, 288  # glu_gemm.cu's tile and block
 GLU_GEMM_BOX_K = 32  # columns of K per TMA box (one 128-byte swizzle row)
-GLU_GEMM_STAGES = 3
+GLU_GEMM_STAGES = 4
+# h's boxes (32 columns x 128 rows, 16 KiB) glu_gemm.cu's staging buffer holds, and how many of them
+# a hand-off to the TMA unit takes (GW_STAGED_BOXES, GW_STORE_BOXES): the tile's four at once take
+# 64 KiB, which leaves room for three stages only; two used in turn, one at a time, make room for a
+# fourth.
+GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = 2, 1
 GLU_GEMM_CLUSTER = 2  # CTAs per cluster, sharing their weight loads (TMA multicast)
+# pv through the staging buffer by TMA stores (GW_PV_TMA), where TMA can address it (16-byte aligned,
+# a row pitch of a multiple of 4 floats); otherwise, or with this off, stored from the registers.
+GLU_GEMM_PV_TMA = True
 _BIG_SMEM: set[int] = set()  # (ids of) the kernels given their shared memory limit
+
+
+def glu_gemm_ring(stages: int | None = None, staged_boxes: int | None = None,
+                  store_boxes: int | None = None) -> tuple[int, int, int]:
+    """Set :func:`glu_gemm`'s ring of stages and h's staging buffer (for benchmarks and tests;
+    ``stages`` alone picks the buffer that fits beside them: four boxes at once with three stages,
+    two in turn, one at a time, with four); returns the previous ``(stages, staged_boxes,
+    store_boxes)``."""
+    global GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES
+    was = GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES
+    if stages is not None:
+        staged = staged_boxes if staged_boxes is not None else (4 if stages == 3 else 2)
+        store = store_boxes if store_boxes is not None else (staged if staged == 4 else 1)
+        if stages < 3 or staged not in (1, 2, 4) or staged % store:
+            raise ValueError(f"glu_gemm: no ring of {stages} stages with {staged} staged boxes, {store} a hand-off")
+        GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = stages, staged, store
+        if _glu_gemm_smem() > 227 * 1024:
+            GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = was
+            raise ValueError(f"glu_gemm: {stages} stages and {staged} staged boxes need more than 227 KiB")
+    return was
 
 
 def _glu_gemm_smem() -> int:
     """Bytes of shared memory of glu_gemm.cu: its stages (16 KiB of u and 32 KiB of weights each),
-    the tile's h on its way out (64 KiB), the stages' two mbarriers each and the 1024-byte
-    alignment of the swizzled tiles."""
-    return GLU_GEMM_STAGES * (16384 + 32768) + 65536 + 16 * GLU_GEMM_STAGES + 1024
+    h's staging buffer (16 KiB a box), the stages' two mbarriers each and the 1024-byte alignment
+    of the swizzled tiles (225 KiB with 4 stages and 2 boxes: a Hopper block may have 227)."""
+    return GLU_GEMM_STAGES * (16384 + 32768) + GLU_GEMM_STAGED_BOXES * 16384 + 16 * GLU_GEMM_STAGES + 1024
 
 
 def glu_gemm_supported(H: int | None = None) -> bool:
@@ -614,7 +642,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     given, the pre-activations of the first ``P`` rows (what the backward reads); the other rows'
     never reach memory. Every array may be a view with any row pitch: ``u``, ``wt`` and ``h``
     (moved by TMA) with pitches of a multiple of 4 floats and 16-byte aligned, ``pv`` with an
-    even pitch; K a multiple of 4, H of 128.
+    even pitch (moved by TMA too where it is aligned so, :data:`GLU_GEMM_PV_TMA`; stored from the
+    registers otherwise); K a multiple of 4, H of 128.
 
     ``rounded``: u's first columns up to this one hold TF32 values already, rounded to nearest by
     u's writer (:func:`vsn_forward` with ``tf32``): the kernel takes the k chunks (of
@@ -659,9 +688,12 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     c = GLU_GEMM_CLUSTER
     map_wt = tma.matrix_map(k, "wt", wt, GLU_GEMM_BOX_K, GLU_GEMM_COLS // c)
     map_h = tma.matrix_map(k, "h", h, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
+    pv_tma = GLU_GEMM_PV_TMA and pv_rows > 0 and ld_pv % 4 == 0 and pv.data.ptr % 16 == 0
+    map_pv = tma.matrix_map(k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS) if pv_tma else map_h  # (unread unless pv_tma)
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
     fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail,
-                                    "GW_ROUND_H": int(bool(tf32_h))})
+                                    "GW_ROUND_H": int(bool(tf32_h)), "GW_STAGED_BOXES": GLU_GEMM_STAGED_BOXES,
+                                    "GW_STORE_BOXES": GLU_GEMM_STORE_BOXES, "GW_PV_TMA": int(pv_tma)})
     smem = _glu_gemm_smem()
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
@@ -669,8 +701,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     groups = blocks * (H // GLU_GEMM_COLS) * -(-B // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
     clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
     fn((clusters * c,), (GLU_GEMM_THREADS,),
-       (map_u, map_wt, map_h, bias, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K), i32(H), i32(W),
-        i32(blocks), i32(rounded)), shared_mem=smem)
+       (map_u, map_wt, map_h, map_pv, bias, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K), i32(H),
+        i32(W), i32(blocks), i32(rounded)), shared_mem=smem)
     return h
 
 

@@ -22,10 +22,19 @@
 // multicast the main loop was bound by L2 traffic. u's first `rounded_k` columns may come rounded
 // to TF32 by u's writer (the network's z, written so by vsn_forward).
 //
+// Four stages in the ring: a consumer releases a stage only after it has issued the next chunk's
+// products, so of GW_STAGES stages GW_STAGES - 2 are being loaded while the tensor cores work; with
+// three the main loop waited for its loads (a tile is only eight or nine chunks deep). A fourth
+// stage (48 KiB) fits beside a staging buffer of two of h's four boxes, used in turn, one box per
+// hand-off to the TMA unit. Over 131072 rows of the joint branches: the main loop alone 395 us (as
+// measured in an earlier round) -> 305 (benchmarks/glu_gemm_variants.py), the whole kernel with
+// pv 673 -> 599, and 570 with pv through the staging buffer by TMA too (GW_PV_TMA) rather than
+// from the registers.
+//
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_gemm): the tensor maps
-// describe u [M, K], wt [blocks 2H, K] and h [M, blocks width] with boxes of 32 columns x 128
-// rows (wt: 128 / GW_CLUSTER rows), 128-byte swizzle; H a multiple of 128; ld_h, ld_pv even; h, pv
-// and bias 8-byte aligned.
+// describe u [M, K], wt [blocks 2H, K], h [M, blocks width] and, with GW_PV_TMA, pv [pv_rows,
+// blocks 2H] with boxes of 32 columns x 128 rows (wt: 128 / GW_CLUSTER rows), 128-byte swizzle;
+// H a multiple of 128; ld_h, ld_pv even; h, pv and bias 8-byte aligned.
 
 // sigmoid(x) = 1 / (1 + e^-x) with the fast exponential and reciprocal (MUFU): a few instructions
 // against about forty of the exact expf and division, which made the epilogue, not the tensor
@@ -38,7 +47,7 @@ __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f,
 
 #define GW_BH 128                                // GLU columns per tile
 #ifndef GW_STAGES
-#define GW_STAGES 3
+#define GW_STAGES 4
 #endif
 #ifndef GW_TAIL_STEPS
 #define GW_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
@@ -52,12 +61,26 @@ __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f,
 #define GW_BR (GW_BH / GW_CLUSTER)               // gate (and value) rows of wt each CTA loads for all
 #define GW_TILE_B (2 * GW_BH * TC_BK * 4)        // 32 KiB of wt: the gate rows, then the value rows
 #define GW_STAGE (TC_TILE_A + GW_TILE_B)
-#define GW_TILE_H (TC_BM * GW_BH * 4)            // 64 KiB: the tile's h, staged for the TMA store
+#ifndef GW_STAGED_BOXES
+#define GW_STAGED_BOXES 2                        // boxes of h (32 columns x 128 rows) the staging buffer holds
+#endif
+#ifndef GW_STORE_BOXES
+#define GW_STORE_BOXES 1                         // boxes written and handed to the TMA unit at a time
+#endif
+#define GW_BOXES (GW_BH / 32)                    // boxes of h per tile
+#define GW_TILE_H (GW_STAGED_BOXES * TC_BM * 128) // the staging buffer: all of a tile's h (64 KiB) or part, in turn
 static_assert(GW_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
+static_assert(GW_STAGED_BOXES % GW_STORE_BOXES == 0 && GW_BOXES % GW_STAGED_BOXES == 0,
+              "the staging buffer takes whole hand-offs, the tile whole buffers");
+#ifndef GW_PV_TMA
+#define GW_PV_TMA 0                              // 1: pv leaves through the staging buffer by TMA too (map_pv;
+                                                 // the wrapper sets it per call)
+#endif
 
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
 glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ TensorMap map_wt,
-         const __grid_constant__ TensorMap map_h, const float* __restrict__ bias,
+         const __grid_constant__ TensorMap map_h, const __grid_constant__ TensorMap map_pv,
+         const float* __restrict__ bias,
          float* __restrict__ h, int ld_h,
          float* __restrict__ pv, int ld_pv, int pv_rows,
          int M, int K, int H, int width, int blocks, int rounded_k)
@@ -99,49 +122,87 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
     float acc[GW_BH];
     float* const ag = acc;
     float* const av = acc + GW_BH / 2;
+    int handoffs = 0;  // to the TMA unit so far: the staging buffer's slots take them in turn
     for (int p = sched.cluster; p < sched.groups; p += sched.clusters) {
         const int ct = sched.col_tile(p), m0 = sched.row0(p);
         const int branch = ct / per_branch, j0 = (ct % per_branch) * GW_BH;
         consume_tile<2 * GW_BH, GW_TAIL_STEPS, GW_CLUSTER>(acc, ring, sched.chunks, rounded_k, wg, lane, tid & 127);
 
-        // Epilogue (the accumulators' layout: wgmma_tf32). h goes through shared memory (hbuf: four
+        // Epilogue (the accumulators' layout: wgmma_tf32). h goes through shared memory (hbuf:
         // boxes of 32 columns x 128 rows, staged_at) and leaves by TMA stores, which proceed while
-        // the next tile's products run; pv, for the rows that keep it, is stored from the registers.
+        // the rest of the epilogue and the next tile's products run. The buffer holds
+        // GW_STAGED_BOXES boxes: the whole tile's (one hand-off), or fewer used in turn
+        // (GW_STORE_BOXES at a time), so that the shared memory the whole tile's would take can
+        // hold a fourth stage of the ring: then a hand-off waits only for the stores of the one
+        // before the last (they read the place it writes). pv, for the rows that keep it, goes the
+        // same way, its gate box and value box before each box of h (GW_PV_TMA), or from the
+        // registers.
         const int r0 = wg * 64 + (warp & 3) * 16 + g;  // rows in the tile (and r0 + 8)
         const int pcol = branch * 2 * H + j0;  // the tile's first gate column in pv (and bias)
-        staging_acquire(tid);
+        // Boxes b0.. (GW_STORE_BOXES of them) of value(j, half), the float2 at accumulator step j,
+        // row r0 + 8 half, into the next slot, then stored at (c0, m0) of `map`.
+        auto hand_off = [&](int b0, const TensorMap* map, int c0, auto value) {
+            staging_acquire<GW_STAGED_BOXES / GW_STORE_BOXES - 1>(tid);
+            const unsigned slot =
+                hbuf + (handoffs % (GW_STAGED_BOXES / GW_STORE_BOXES)) * (GW_STORE_BOXES * TC_BM * 128);
 #pragma unroll
-        for (int j = 0; j < GW_BH / 8; ++j) {
-            const int col = 8 * j + 2 * q;
-            float2 bg = make_float2(0.0f, 0.0f), bv = bg;
-            if (bias != nullptr) {
-                bg = *reinterpret_cast<const float2*>(bias + pcol + col);
-                bv = *reinterpret_cast<const float2*>(bias + pcol + H + col);
+            for (int j = 4 * b0; j < 4 * (b0 + GW_STORE_BOXES); ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const float2 v = value(j, half);
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                                 ::"r"(staged_at(slot, r0 + 8 * half, 8 * j + 2 * q - 32 * b0)), "f"(v.x), "f"(v.y)
+                                 : "memory");
+                }
+            staging_release();
+            if (tid == 0) {
+#pragma unroll
+                for (int b = 0; b < GW_STORE_BOXES; ++b) tma_store(map, slot + b * (TC_BM * 128), c0 + 32 * b, m0);
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
+            ++handoffs;
+        };
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int r = r0 + 8 * half, row = m0 + r;
-                const float g0 = ag[4 * j + 2 * half] + bg.x, g1 = ag[4 * j + 2 * half + 1] + bg.y;
-                const float v0 = av[4 * j + 2 * half] + bv.x, v1 = av[4 * j + 2 * half + 1] + bv.y;
+        for (int b0 = 0; b0 < GW_BOXES; b0 += GW_STORE_BOXES) {
+            if (bias != nullptr)  // the bias, in place
+#pragma unroll
+                for (int j = 4 * b0; j < 4 * (b0 + GW_STORE_BOXES); ++j) {
+                    const int col = 8 * j + 2 * q;
+                    const float2 bg = *reinterpret_cast<const float2*>(bias + pcol + col);
+                    const float2 bv = *reinterpret_cast<const float2*>(bias + pcol + H + col);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        ag[4 * j + 2 * half] += bg.x, ag[4 * j + 2 * half + 1] += bg.y;
+                        av[4 * j + 2 * half] += bv.x, av[4 * j + 2 * half + 1] += bv.y;
+                    }
+                }
+#if GW_PV_TMA
+            if (m0 < pv_rows) {  // (the tensor map ends at pv_rows: TMA leaves the rows past it alone)
+                hand_off(b0, &map_pv, pcol + 32 * b0, [&](int j, int half) {
+                    return make_float2(ag[4 * j + 2 * half], ag[4 * j + 2 * half + 1]);
+                });
+                hand_off(b0, &map_pv, pcol + H + 32 * b0, [&](int j, int half) {
+                    return make_float2(av[4 * j + 2 * half], av[4 * j + 2 * half + 1]);
+                });
+            }
+#endif
+            hand_off(b0, &map_h, branch * width + j0 + 32 * b0, [&](int j, int half) {
+                const float g0 = ag[4 * j + 2 * half], g1 = ag[4 * j + 2 * half + 1];
+                const float v0 = av[4 * j + 2 * half], v1 = av[4 * j + 2 * half + 1];
+#if !GW_PV_TMA
+                const int row = m0 + r0 + 8 * half;
                 if (row < pv_rows) {
-                    float* p = pv + (long long)row * ld_pv + pcol + col;
+                    float* p = pv + (long long)row * ld_pv + pcol + 8 * j + 2 * q;
                     *reinterpret_cast<float2*>(p) = make_float2(g0, g1);
                     *reinterpret_cast<float2*>(p + H) = make_float2(v0, v1);
                 }
+#endif
                 float h0 = fast_sigmoid(g0) * v0, h1 = fast_sigmoid(g1) * v1;
 #if GW_ROUND_H
                 h0 = tf32_nearest(h0), h1 = tf32_nearest(h1);
 #endif
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(staged_at(hbuf, r, col)), "f"(h0), "f"(h1)
-                             : "memory");
-            }
-        }
-        staging_release();
-        if (tid == 0) {
-#pragma unroll
-            for (int b = 0; b < GW_BH / 32; ++b)
-                tma_store(&map_h, hbuf + b * (TC_BM * 128), branch * width + j0 + 32 * b, m0);
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                return make_float2(h0, h1);
+            });
         }
         // The branch's augmented tail [0, ..., 0, 1], by the tiles of its last column tile.
         if (j0 + GW_BH == H && tid < TC_BM && m0 + tid < M) {

@@ -308,9 +308,11 @@ __device__ __forceinline__ void produce(Ring& ring, const Schedule<CLUSTER>& s, 
 }
 
 // A tile's epilogue writes its staging buffer only once the previous tile's TMA stores have read
-// it (thread 0 issued them), ...
+// it (thread 0 issued them; with PENDING > 0, all but the PENDING bulk groups committed last,
+// whose parts of a buffer used in turn the writes to come leave alone), ...
+template <int PENDING = 0>
 __device__ __forceinline__ void staging_acquire(int tid) {
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
     consumers_sync();
 }
 

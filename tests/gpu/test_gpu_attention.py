@@ -5,6 +5,10 @@ parameter gradients (float32 per sample, float64 sums over the batch); ``1e-4`` 
 of the peaked case (Q's standard deviation 30), which is ill-conditioned in float32: the NumPy
 reference itself, run in float32, is off from its float64 run by 1e-6 to 1.2e-5 over 12 seeds
 (the gradients of nearly saturated softmax rows, a (1 - a) with a within float32's resolution of 1).
+Where the reference's float32 run is further off than a quarter of the tolerance (a parameter
+gradient summed over few samples whose terms cancel: with B = 2, A = 16, k = 1 the float32
+reference's attn.wk was 1.3e-4 off for one seed in 300), the tolerance is four times that error:
+the kernel must be as accurate as the same arithmetic in float32, not more.
 
 The sizes cover: a batch that is not a multiple of the 16 samples of a block and batches larger
 than one grid-stride round (forward: 3 blocks of 16 samples per SM, backward: 2), A and k at
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_parity import assert_close, host64, nan_like, to_dev
+from gpu_parity import assert_close, host64, nan_like, rel_err, to_dev
 
 from foxhunt_core import attention
 from foxhunt_core.gpu import kernels as K
@@ -25,6 +29,7 @@ from foxhunt_core.gpu.qkernels import attention_params_size
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
 TOL_PEAKED = 1e-4  # the backward with Q's standard deviation at 30 (see above)
+F32_MARGIN = 4.0  # the tolerance at least this many times the float32 reference's own error (see above)
 NAMES = ("attn.emb", "attn.wq", "attn.wk", "attn.gate")
 
 
@@ -84,12 +89,19 @@ def test_attention_backward_matches_numpy(cp, rng, B, A, k, q_scale):
     p64 = {n: host64(v) for n, v in p.items()}
     _, cache = attention.forward(p64, host64(q))
     rdq, rgrads = attention.backward(p64, cache, host64(dqc))
+    _, cache32 = attention.forward(p, q)  # the same arithmetic in float32: how well-conditioned each output is
+    rdq32, rgrads32 = attention.backward(p, cache32, dqc)
+    assert rdq32.dtype == np.float32 and all(rgrads32[n].dtype == np.float32 for n in NAMES)
     assert none is None
-    tol = TOL_PEAKED if q_scale >= 30 else TOL
-    assert_close("dq", dq, rdq, tol)
+    base = TOL_PEAKED if q_scale >= 30 else TOL
+
+    def tol(ref32, ref):
+        return max(base, F32_MARGIN * rel_err(ref32, ref))
+
+    assert_close("dq", dq, rdq, tol(rdq32, rdq))
     for n in NAMES:
-        assert_close(n, grads[n], rgrads[n], tol)
-        assert_close(f"{n} (no dq)", grads_no_dq[n], rgrads[n], tol)
+        assert_close(n, grads[n], rgrads[n], tol(rgrads32[n], rgrads[n]))
+        assert_close(f"{n} (no dq)", grads_no_dq[n], rgrads[n], tol(rgrads32[n], rgrads[n]))
 
 
 def test_attention_backward_without_dq_and_repeatable(cp, rng):
