@@ -24,7 +24,8 @@ In one run on one GPU, for each batch size:
 * ``foxhunt glu 3 stages``: the graph replay with ``glu_gemm``'s ring of three stages and the
   whole tile's h staged at once (the arrangement before its fourth stage); ``foxhunt pv from
   registers``: with ``glu_gemm`` storing the pre-activations it keeps from the registers rather
-  than through its staging buffer by TMA;
+  than through its staging buffer by TMA; ``foxhunt dz apart``: with z's gradient as one GEMM per
+  GLU group rather than one for all;
 * ``torch eager``, ``torch compile``, ``torch graph`` (a hand-captured ``torch.cuda.graph`` of
   the whole step: forward, backward, clipping, Adam) and ``torch compile+graph`` (the compiled
   loss inside a hand-captured graph), from benchmarks/torch_peer.py, which computes the same loss
@@ -115,6 +116,7 @@ FOXHUNT_VARIANTS = {
     "foxhunt dq apart": dict(graphs=True, tune=True, dq_gemm=False),
     "foxhunt glu 3 stages": dict(graphs=True, tune=True, glu_stages=3),
     "foxhunt pv from registers": dict(graphs=True, tune=True, pv_tma=False),
+    "foxhunt dz apart": dict(graphs=True, tune=True, joint_dz=False),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -125,7 +127,7 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
                   side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
                   heads_dueling: bool = True, relu_gemm: bool = True, dq_gemm: bool = True,
-                  glu_stages: int | None = None, pv_tma: bool = True) -> float:
+                  glu_stages: int | None = None, pv_tma: bool = True, joint_dz: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
     ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
@@ -142,7 +144,8 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     ``glu_stages=3`` runs ``glu_gemm`` with three stages in its ring and the whole tile's h staged
     for one hand-off to the TMA unit (``foxhunt_core.gpu.kernels.glu_gemm_ring``), ``pv_tma=False``
     has ``glu_gemm`` store the pre-activations it keeps from the registers rather than by TMA
-    (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``)."""
+    (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``), ``joint_dz=False`` takes z's gradient in one
+    GEMM per GLU group rather than one for all (``foxhunt_core.net.fused.JOINT_DZ``)."""
     from foxhunt_core.gpu import cublaslt, streams
     from foxhunt_core.gpu import kernels as K
     from foxhunt_core.net import fused
@@ -167,9 +170,11 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     if glu_stages is not None:
         K.glu_gemm_ring(glu_stages)
     K.GLU_GEMM_PV_TMA = pv_tma
+    fused.JOINT_DZ = joint_dz
     try:
         return _bench_foxhunt(B, repeats, graphs)
     finally:
+        fused.JOINT_DZ = True
         K.GLU_GEMM_PV_TMA = True
         K.glu_gemm_ring(*ring)
         K.GLU_BACKWARD_GEMM_DQ_H = dq_h

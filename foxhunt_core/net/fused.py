@@ -56,7 +56,9 @@ as few launches as possible:
   every row's pre-activations and ``glu_forward`` reads them back.
 * **One GEMM for several branches** (:func:`joint`): every GLU's weights share one block and every
   advantage layer's another, so the branches after the direction branch run their GLUs as one
-  GEMM and one kernel, forward and backward.
+  GEMM and one kernel, forward and backward; z's gradient from all of them and the value head is
+  one GEMM (:func:`joint_dz`: the gradients lie where the forward's ``[v | pv]`` rows did, column
+  for column with the block).
 * The advantage GEMMs write straight into one advantage buffer; the backward accumulates input
   gradients in place (GEMMs with ``beta = 1``) and writes the weight gradients straight into the
   optimizer's flat gradient buffer (``grads_into``).
@@ -288,6 +290,10 @@ RELU_GEMM_MIN_ROWS = 32768
 # The advantage heads with the dueling forward in their kernel (fused_heads_dueling, heads_dueling):
 # off, the heads' GEMM writes the advantage rows and dueling_softmax_forward reads them back.
 HEADS_DUELING = True
+# z's gradient from every GLU group and the joined value head as one GEMM (joint_dz): with every
+# GLU in the value head's block, the backward's [dv | dpv] rows and the block's rows of z are each
+# one matrix, K = 2112 for the stage-0 network. Off, one GEMM per group (K = 1536 and 576 there).
+JOINT_DZ = True
 
 
 def stacks(net: Any, rows: int) -> bool:
@@ -597,6 +603,14 @@ def fused_heads_dueling(net: Any) -> bool:
             and K.heads_dueling_supported(net.offsets, net.num_atoms))
 
 
+def joint_dz(net: Any) -> bool:
+    """Whether the backward takes z's gradient in one GEMM over every group's pre-activation
+    gradients and the value head's (:data:`JOINT_DZ`): every GLU in one block behind the value
+    head (:func:`joint` and :func:`value_joined`), so that the gradients, written over the
+    forward's ``[v | pv]`` rows, and the weights' rows of z line up column for column."""
+    return JOINT_DZ and joint(net) and value_joined(net)
+
+
 def fused_glu_backward(net: Any) -> bool:
     """Whether a GLU group's backward runs as :func:`foxhunt_core.gpu.kernels.glu_backward_gemm`
     (its heads' input gradient on the TF32 tensor cores, the sigmoid gate's backward in that GEMM's
@@ -790,6 +804,7 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     dz_started = bool(net.branch_inputs)
     use_wgrad = fused_wgrad(net)
     use_wgrad_h = fused_wgrad(net, heads=True) and B >= WGRAD_HEADS_MIN_ROWS
+    one_dz = joint_dz(net)  # z's gradient after the last group, in one GEMM
     zt: list[Array] = []  # z transposed and rounded to TF32 (wgrad_gemm's xt), made once for every group
 
     # Every branch but direction first: the magnitude branch's input gradient reaches the
@@ -896,8 +911,9 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
             if use_zq and MAGNITUDE in g and not dq_in_gemm:
                 c0 = with_v + 2 * H * g.index(MAGNITUDE)
                 mm(dy[:, c0 : c0 + 2 * H], wj[H2 : H2 + n_dir, c0 : c0 + 2 * H].T, out=dq_z[:, :n_dir])
-            mm(dy, wj[:H2].T, out=dz[:, :H2], beta=1.0 if dz_started else 0.0)
-            dz_started = True
+            if not one_dz:
+                mm(dy, wj[:H2].T, out=dz[:, :H2], beta=1.0 if dz_started else 0.0)
+                dz_started = True
             return None
         mm(dpv, wj[:H2].T, out=dz[:, :H2], beta=1.0)
         return mm(dpv, wj[H2:].T)[:, : net.in_width[d0] - H2]  # 4-aligned over the block's rows
@@ -914,6 +930,8 @@ def backward(net: Any, params: dict, out: Any, dlogits: Array, grads_into: dict 
     for gr in groups:
         if gr is not first:
             dxes[gr[0]] = group_backward(gr)
+    if one_dz:  # every group's [dv | dpv] and the value head's block: K = lead + D 2H
+        mm(pv_all, block("value.w")[:H2].T, out=dz[:, :H2], beta=1.0 if dz_started else 0.0)
     for d, dxe in dxes.items():
         col = n_dir if d == MAGNITUDE else 0
         for i, st in enumerate(net.branch_inputs):

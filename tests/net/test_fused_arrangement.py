@@ -405,6 +405,29 @@ def test_a_direction_branch_wider_than_glu_backward_gemms_dq(numpy_fused):
     _check_against_the_reference(numpy_fused, BranchingC51(s), True)
 
 
+@pytest.mark.parametrize("one_gemm", [True, False], ids=["one-gemm", "one-per-group"])
+def test_z_gradient_in_one_gemm_or_one_per_group(numpy_fused, monkeypatch, one_gemm):
+    """With every GLU in the value head's block, z's gradient is one GEMM over the whole
+    ``[dv | dpv]`` row (K = lead + branches x 2 adv_h; JOINT_DZ), else one GEMM per GLU group;
+    the gradients are the reference's either way."""
+    monkeypatch.setattr(fused, "JOINT_DZ", one_gemm)
+    net = _net(False)
+    assert fused.joint_dz(net) == one_gemm
+    ks = []
+    real = fused.cublas.matmul
+
+    def recording(a, b, out=None, **kw):
+        ks.append((a.shape[1], b.shape[1]))
+        return real(a, b, out=out, **kw)
+
+    monkeypatch.setattr(fused.cublas, "matmul", recording)
+    _check_against_the_reference(numpy_fused, net, True)
+    H, H2, D = net.settings.adv_h, net.settings.shared_h2, len(net.sizes)
+    lead = fused.pv_lead(net)
+    z_grads = [k for k, n in ks if n == H2 and k in (lead + 2 * H * D, lead + 2 * H, 2 * H * (D - 1))]
+    assert z_grads == ([lead + 2 * H * D] if one_gemm else [2 * H * (D - 1), lead + 2 * H])
+
+
 def _check_against_the_reference(numpy_fused, net, padded):
     """The fused forward and backward of ``net`` against its reference ones (float64)."""
     rng = np.random.default_rng(7)
