@@ -9,14 +9,22 @@ import numpy as np
 
 KERNEL_FILE = Path(__file__).parent / "kernels" / "quantile_select.cu"
 KERNEL_FUNCTIONS = ("quantile_select",)
-TILE = 128  # distributions (threads) per block; QS_TILE in the kernel
+TILES = (128, 64, 32)  # distributions (threads) per block, QS_TILE in the kernel: the largest that fits
+SHARED_BYTES = 48 * 1024  # a block's static shared memory
 
 Array = Any
 _KERNELS: dict[tuple[int, int], Any] = {}
 
 
-def _kernel(num_atoms: int) -> Any:
-    """``quantile_select`` compiled for the current device and atom count (cached)."""
+def tile_for(num_atoms: int) -> int | None:
+    """Distributions per block for ``num_atoms``: the block's rows (each at an odd stride) must fit
+    static shared memory; ``None`` past 383 atoms (the stage then runs the array twin)."""
+    stride = int(num_atoms) | 1
+    return next((t for t in TILES if t * stride * 4 <= SHARED_BYTES), None)
+
+
+def _kernel(num_atoms: int, tile: int) -> Any:
+    """``quantile_select`` compiled for the current device, atom count and tile (cached)."""
     import cupy
 
     from foxhunt_core.backend import load_module
@@ -24,7 +32,7 @@ def _kernel(num_atoms: int) -> Any:
     key = (cupy.cuda.runtime.getDevice(), int(num_atoms))
     fn = _KERNELS.get(key)
     if fn is None:
-        mod = load_module(str(KERNEL_FILE), {"NUM_ATOMS": int(num_atoms), "QS_TILE": TILE})
+        mod = load_module(str(KERNEL_FILE), {"NUM_ATOMS": int(num_atoms), "QS_TILE": tile})
         fn = _KERNELS[key] = mod.get_function(KERNEL_FUNCTIONS[0])
     return fn
 
@@ -45,8 +53,9 @@ def quantile_select_cuda(probs: Array, support: Array, iqn_readiness: Any, lower
     k = "quantile_select"
     check_array(k, "probs", probs, np.float32, (None, None, None))
     B, A, N = probs.shape
-    if N < 2:
-        raise ValueError(f"{k}: probs needs at least 2 atoms, got {N}")
+    tile = tile_for(N)
+    if N < 2 or tile is None:
+        raise ValueError(f"{k}: probs needs 2 to 383 atoms, got {N}")
     check_array(k, "support", support, np.float32, (N,))
     if not 0.0 < lower <= upper < 1.0:
         raise ValueError(f"{k}: quantile levels must satisfy 0 < lower <= upper < 1, got {lower}, {upper}")
@@ -62,7 +71,7 @@ def quantile_select_cuda(probs: Array, support: Array, iqn_readiness: Any, lower
     rows = B * A
     if rows == 0:
         return out
-    grid = -(-rows // TILE)
-    _kernel(N)((grid,), (TILE,), (probs, support, r_dev, r_host, np.float64(lower), np.float64(upper), out,
+    grid = -(-rows // tile)
+    _kernel(N, tile)((grid,), (tile,), (probs, support, r_dev, r_host, np.float64(lower), np.float64(upper), out,
                                   np.int64(rows)))
     return out

@@ -17,7 +17,7 @@ from foxhunt_core.manifest import KernelSpec, PluginManifest, Requires
 from foxhunt_core.stages import BuildContext, SelectInputs
 
 from . import __version__
-from .kernel import KERNEL_FILE, KERNEL_FUNCTIONS, quantile_select_cuda
+from .kernel import KERNEL_FILE, KERNEL_FUNCTIONS, quantile_select_cuda, tile_for
 from .quantile import quantile_select_xp
 
 NAME = "quantile_select"
@@ -70,7 +70,7 @@ class QuantileSelectStage:
         p = inputs.probs
         on_gpu = getattr(xp, "__name__", "") == "cupy"
         if on_gpu and self.use_cuda_kernel and p.dtype == np.float32 and p.ndim == 3 and p.flags.c_contiguous \
-                and inputs.support.dtype == np.float32:
+                and inputs.support.dtype == np.float32 and tile_for(p.shape[-1]) is not None:
             return quantile_select_cuda(p, inputs.support, inputs.iqn_readiness, self.lower, self.upper)
         return quantile_select_xp(xp, p, inputs.support, inputs.iqn_readiness, self.lower, self.upper)
 

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 from foxhunt_quantile_select import plugin
-from foxhunt_quantile_select.kernel import KERNEL_FILE
+from foxhunt_quantile_select.kernel import KERNEL_FILE, tile_for
 from foxhunt_quantile_select.quantile import (
     quantile_reference,
     quantile_select_xp,
@@ -169,8 +169,16 @@ def test_manifest_is_discovered_and_validated():
     assert p.distribution.startswith("foxhunt-quantile-select ")
 
 
+def test_tile_fits_shared_memory_up_to_383_atoms():
+    assert [tile_for(n) for n in (2, 51, 95, 96, 191, 192, 383)] == [128, 128, 128, 64, 64, 32, 32]
+    assert tile_for(384) is None and tile_for(1000) is None
+    for n in range(2, 384):
+        assert tile_for(n) * (n | 1) * 4 <= 48 * 1024
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on this machine")
-@pytest.mark.parametrize("defines", [[], ["-DNUM_ATOMS=64", "-DQS_TILE=256"], ["-DNUM_ATOMS=11"]])
+@pytest.mark.parametrize("defines", [[], ["-DNUM_ATOMS=64"], ["-DNUM_ATOMS=11"], ["-DNUM_ATOMS=191", "-DQS_TILE=64"],
+                                     ["-DNUM_ATOMS=383", "-DQS_TILE=32"]])
 def test_kernel_compiles_to_ptx_for_sm90(tmp_path, defines):
     res = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", *defines, str(KERNEL_FILE), "-o", str(tmp_path / "k.ptx")],
                          capture_output=True, text=True, timeout=120)

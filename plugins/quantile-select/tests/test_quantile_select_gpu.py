@@ -34,7 +34,7 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(("batch", "atoms", "scale"), [(1, 51, 1.0), (7, 51, 3.0), (129, 11, 0.5), (4096, 51, 8.0),
-                                                       (65_536, 51, 2.0), (1000, 64, 4.0)])
+                                                       (65_536, 51, 2.0), (1000, 64, 4.0), (300, 101, 3.0)])
 @pytest.mark.parametrize("readiness", [0.0, 0.37, 1.0, -0.5, 1.5])
 @pytest.mark.parametrize("on_device", [True, False])
 def test_kernel_matches_float64_twin(batch, atoms, scale, readiness, on_device):
