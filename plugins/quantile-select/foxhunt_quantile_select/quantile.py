@@ -71,8 +71,12 @@ def support_spacing(xp: Any, support: Array) -> tuple[Array, Array]:
 def quantiles_xp(xp: Any, probs: Array, support: Array, tau: float) -> Array:
     """``Q(tau)`` [...] of every distribution ``probs`` [..., N] (float64)."""
     p = probs.astype(xp.float64)
+    return _quantiles(xp, p, xp.cumsum(p, axis=-1), support, tau)
+
+
+def _quantiles(xp: Any, p: Array, cdf: Array, support: Array, tau: float) -> Array:
+    """:func:`quantiles_xp` from float64 probabilities ``p`` and their running sums ``cdf``."""
     n = p.shape[-1]
-    cdf = xp.cumsum(p, axis=-1)
     t = tau * cdf[..., -1:]
     j = xp.minimum((cdf < t).sum(axis=-1, keepdims=True), n - 1)  # first atom with F_j >= t
     pj = xp.take_along_axis(p, j, axis=-1)
@@ -92,6 +96,8 @@ def quantile_select_xp(xp: Any, probs: Array, support: Array, iqn_readiness: Any
                        lower: float, upper: float) -> Array:
     """``Q_select`` [B, A] from ``probs`` [B, A, N], in ``probs``' dtype."""
     alpha = blend_weight(xp, iqn_readiness)
-    q_hi = quantiles_xp(xp, probs, support, upper)
-    q_lo = quantiles_xp(xp, probs, support, lower)
+    p = probs.astype(xp.float64)
+    cdf = xp.cumsum(p, axis=-1)  # one pass for both levels
+    q_hi = _quantiles(xp, p, cdf, support, upper)
+    q_lo = _quantiles(xp, p, cdf, support, lower)
     return ((1.0 - alpha) * q_hi + alpha * q_lo).astype(probs.dtype, copy=False)
