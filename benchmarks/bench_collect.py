@@ -8,7 +8,9 @@ For each number of parallel episodes (default 4096, 16384, 65536) on the synthet
   on given Q-values (``gpu.kernels.boltzmann_select``, Philox keyed by a device counter), the
   environment step, and the replay add of ``(prev_obs, actions, reward, final_obs, terminated)``;
 * ``collect policy graph`` — the trainer's own timestep (``collector.DeviceCollector``): the same
-  plus the stage-0 network's forward pass and Q pipeline on every episode to get the Q-values;
+  plus the network's forward pass and Q pipeline on every episode to get the Q-values (stage 0,
+  or with ``--flags FILE`` the stages that flag file enables, with its plugin options; the run
+  settings stay the benchmark's);
 
 plus, in the same run, the NumPy environment on the CPU (:class:`TradingEnv`, and the same
 timestep with ``explore.boltzmann_select`` and ``ReplayBuffer.add``) at 4096 episodes.
@@ -18,7 +20,7 @@ Python ``graph.launch`` is not what is measured. GPU times are ``cupy.cuda.Event
 on one non-blocking stream; each figure is the median over ``--repeats``. Issue 5's target:
 >= 20 M environment steps/s at 65536 episodes.
 
-Usage: ``python benchmarks/bench_collect.py [--episodes 4096 16384 65536] [--json out.json]``
+Usage: ``python benchmarks/bench_collect.py [--episodes 4096 16384 65536] [--flags FILE] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -108,8 +111,9 @@ def bench_gpu(split: Any, episodes: int, args: argparse.Namespace) -> dict[str, 
 
 def bench_policy(split: Any, episodes: int, args: argparse.Namespace) -> float:
     """The trainer's whole GPU collection timestep (:class:`foxhunt_core.collector.DeviceCollector`):
-    the stage-0 network's forward and Q pipeline on every episode, Boltzmann draw, environment
-    step and replay add, replayed from its captured graph; environment steps per second."""
+    the network's forward and Q pipeline on every episode (the stages of ``--flags``, if given),
+    Boltzmann draw, environment step and replay add, replayed from its captured graph;
+    environment steps per second."""
     import cupy as cp
 
     from foxhunt_core import backend
@@ -121,9 +125,10 @@ def bench_policy(split: Any, episodes: int, args: argparse.Namespace) -> float:
     settings = RunSettings.model_validate({"env": {"num_envs": episodes},
                                            "train": {"replay_capacity": max(args.replay_capacity, episodes)}})
     backend.select("cuda", settings.train.tf32)  # GEMM precision as the trainer sets it (TF32)
+    plugins, options = args.stages if args.stages is not None else (PluginSet(), {})
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))
+        agent = Agent(settings, plugins, cp, np.random.default_rng(0), options=options)
         col = DeviceCollector(agent, split, settings, seed=4)
         col.stream = stream
         col.collect(random=True)
@@ -177,8 +182,20 @@ def main() -> None:
     p.add_argument("--cpu-calls", type=int, default=20)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--replay-capacity", type=int, default=1 << 20)
+    p.add_argument("--flags", default=None, help="flag file whose stages the policy timestep runs (default: stage 0)")
     p.add_argument("--json", default=None, help="write the results here too")
     args = p.parse_args()
+    args.stages = None
+    if args.flags is not None:  # a bad flag file stops here, before any GPU work, with its problems
+        from foxhunt_core.flags import FlagError, load_flags
+        from foxhunt_core.plugins import PluginError
+
+        try:
+            f = load_flags(args.flags)
+            args.stages = (f.registry.plugin_set(f.enabled), f.option_models)
+        except (FlagError, PluginError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     from foxhunt_core.config import MarketSettings
     from foxhunt_core.market.splits import synthetic_splits
@@ -198,7 +215,7 @@ def main() -> None:
     rows.append({"device": "cpu (NumPy)", **bench_cpu(split, args.cpu_episodes, args)})
 
     print(f"\nenvironment steps per second, millions (median of {args.repeats}; "
-          f"graphs hold {args.unroll} timesteps; {len(split)} bars)")
+          f"graphs hold {args.unroll} timesteps; {len(split)} bars; policy stages: {args.flags or 'stage 0'})")
     cols = ("env_eager", "env_graph", "collect_eager", "collect_graph", "collect_policy_graph")
     print(f"{'device':<24}{'episodes':>10}" + "".join(f"{c:>22}" for c in cols) + f"{'us/timestep':>13}")
     for r in rows:

@@ -134,20 +134,22 @@ class Agent:
         return [st for _, st in res]
 
     # ------------------------------------------------------------------ acting
-    def act_values(self, obs: Array, iqn_readiness: float, params: Tree | None = None) -> Array:
-        """Selection values [B, A] for observations [B, S] (no caches kept)."""
+    def act_values(self, obs: Array, iqn_readiness: float, params: Tree | None = None,
+                   evaluation: bool = False) -> Array:
+        """Selection values [B, A] for observations [B, S] (no caches kept): collection's, or
+        greedy evaluation's (``evaluation``: coordinated Q unless the select stage says otherwise)."""
         params = self.online if params is None else params
         # Only an action-select stage reads the distributions; without one E[Q] is enough.
-        wanted = ("probs", "q", "var") if self.qpipe.select is not None else ("q",)
+        wanted = ("probs", "q", "var") if self.qpipe.selects(evaluation) else ("q",)
         out = self.net.forward(params, obs, outputs=wanted)
         q = self._qpipe(params, out)
-        return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness)
+        return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness, evaluation=evaluation)
 
     def _qpipe(self, params: Tree, out: NetOutput, keep_cache: bool = False) -> QOut:
         return self.qpipe.forward(params, out.probs, self.z, keep_cache, q_raw=out.q, q_var=out.var)
 
     def greedy(self, obs: Array, iqn_readiness: float = 1.0) -> Array:
-        return branch_argmax(self.act_values(obs, iqn_readiness), self.offsets)
+        return branch_argmax(self.act_values(obs, iqn_readiness, evaluation=True), self.offsets)
 
     # ------------------------------------------------------------------ learning
     def bootstrap(self, batch: dict[str, Array]) -> tuple[Array, Array]:

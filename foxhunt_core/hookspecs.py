@@ -108,8 +108,9 @@ def gate_activation(ctx: BuildContext) -> GateActivation | None:
 def action_select(ctx: BuildContext) -> ActionSelectStage | None:
     """Return the stage that supplies the values actions are chosen by (first result wins).
 
-    Without it, collection (Boltzmann) and evaluation (greedy) use coordinated Q. Used by:
-    quantile Q-select.
+    Collection's Boltzmann draws use the stage's values; greedy evaluation uses them only where
+    the stage's ``in_evaluation`` is true, coordinated Q otherwise. Without a stage both use
+    coordinated Q. Used by: quantile Q-select.
     """
 
 

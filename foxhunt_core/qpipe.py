@@ -8,7 +8,8 @@ by happens here, in this order:
 2. ``pre_attention`` stages, in plugin order (not differentiated).
 3. the cross-branch attention (:mod:`foxhunt_core.attention`).
 4. ``post_attention`` stages, in plugin order -> **coordinated Q**.
-5. selection values: coordinated Q, unless an ``action_select`` stage supplies them.
+5. selection values: coordinated Q, unless an ``action_select`` stage supplies them (in
+   evaluation only where the stage says ``in_evaluation``).
 
 Attention and post-attention stages are trained through :meth:`QPipeline.backward` by the
 auxiliary loss of the trainer; the gradient stops at the raw Q (the network learns from C51).
@@ -54,6 +55,9 @@ class QPipeline:
     ) -> None:
         self.pre = tuple(pre)
         self.post = tuple(post)
+        if select is not None and not isinstance(getattr(select, "in_evaluation", None), bool):
+            raise TypeError(f"action-select stage {getattr(select, 'name', select)!r} must say in_evaluation "
+                            "(True or False: whether greedy evaluation chooses by its values too)")
         self.select = select
 
     def forward(
@@ -92,13 +96,19 @@ class QPipeline:
                                               grads_into=(grads_into or {}).get("core"))
         return grads
 
-    def selection_values(self, probs: Array, z: Array, out: QOut, iqn_readiness: Any) -> Array:
-        """The values [B, A] that actions are chosen by.
+    def selects(self, evaluation: bool = False) -> bool:
+        """Whether the action-select stage supplies the values (collection, or ``evaluation``)."""
+        return self.select is not None and (not evaluation or self.select.in_evaluation)
+
+    def selection_values(self, probs: Array, z: Array, out: QOut, iqn_readiness: Any,
+                         evaluation: bool = False) -> Array:
+        """The values [B, A] that actions are chosen by: in collection, or in greedy evaluation
+        (``evaluation``), where coordinated Q is used unless the stage says ``in_evaluation``.
 
         ``iqn_readiness`` is a float, or on the GPU a 0-d device array (a captured collection
         step reads it when it runs), so a stage must use it in array arithmetic, not ``float()``.
         """
-        if self.select is None:
+        if not self.selects(evaluation):
             return out.q_coord
         xp = _xp(probs)
         return self.select.select_values(

@@ -128,8 +128,10 @@ class SelectInputs:
 
 @runtime_checkable
 class ActionSelectStage(Protocol):
-    """Supplies the values [B, A] that Boltzmann (collection) and greedy (evaluation) choose by."""
+    """Supplies the values [B, A] that collection's Boltzmann draws choose by, and greedy
+    evaluation too where ``in_evaluation`` is true (otherwise evaluation uses coordinated Q)."""
 
     name: str
+    in_evaluation: bool
 
     def select_values(self, xp: Any, inputs: SelectInputs) -> Array: ...

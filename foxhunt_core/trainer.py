@@ -139,7 +139,7 @@ class Trainer:
     def _act(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions for observations on the host (evaluation)."""
         xp = self.xp
-        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), 1.0)
+        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), 1.0, evaluation=True)
         return backend.to_numpy(branch_argmax(values, self.agent.offsets))
 
     # ------------------------------------------------------------------ training

@@ -106,6 +106,7 @@ class RawSelectStage:
     """Choose actions by raw expected Q (ignores attention)."""
 
     name = "raw_select"
+    in_evaluation = True  # greedy evaluation chooses by raw Q too
     calls = 0
 
     def select_values(self, xp, inputs):

@@ -120,3 +120,40 @@ def test_branch_argmax_matches_loop():
         for d in range(4):
             part = values[b, offsets[d] : offsets[d + 1]]
             assert got[b, d] == int(np.argmax(part))
+
+
+class _Select:
+    """Selection values = raw Q + 100 (told apart from coordinated Q at a glance)."""
+
+    name = "shift_select"
+
+    def __init__(self, in_evaluation: bool) -> None:
+        self.in_evaluation = in_evaluation
+
+    def select_values(self, xp, inputs):
+        return inputs.q_raw + 100.0
+
+
+@pytest.mark.parametrize("in_evaluation", [False, True])
+def test_evaluation_uses_coordinated_q_unless_the_select_stage_says_otherwise(in_evaluation):
+    from foxhunt_core.qpipe import QPipeline
+
+    rng = np.random.default_rng(0)
+    q_raw, q_coord = rng.normal(size=(4, 12)), rng.normal(size=(4, 12))
+    out = QOut(q_raw, np.zeros_like(q_raw), q_coord)
+    pipe = QPipeline(select=_Select(in_evaluation))
+    probs, z = np.full((4, 12, 5), 0.2), np.linspace(-1, 1, 5)
+    np.testing.assert_array_equal(pipe.selection_values(probs, z, out, 0.5), q_raw + 100.0)  # collection
+    want = q_raw + 100.0 if in_evaluation else q_coord
+    np.testing.assert_array_equal(pipe.selection_values(probs, z, out, 1.0, evaluation=True), want)
+    assert pipe.selects() and pipe.selects(evaluation=True) == in_evaluation
+    assert not QPipeline().selects()
+
+
+def test_select_stage_must_say_whether_it_applies_in_evaluation():
+    from foxhunt_core.qpipe import QPipeline
+
+    stage = _Select(False)
+    del stage.in_evaluation
+    with pytest.raises(TypeError, match="'shift_select' must say in_evaluation"):
+        QPipeline(select=stage)

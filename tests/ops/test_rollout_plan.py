@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from rollout_helpers import FLAGS, ROOT, SMOKE, TINY_RUN, invoke
 
+from foxhunt_core.plugins import discover
 from foxhunt_ops.plan import DEFAULT_GATES, PlanError, load_plan, parse_plan
 from foxhunt_ops.stages import resolve_stages
 
@@ -27,8 +28,11 @@ def test_the_smoke_plan_resolves_to_the_repository_flag_files_with_its_run_block
 def test_the_default_plan_walks_stages_0_to_9_and_skips_what_is_not_installed():
     stages = resolve_stages(load_plan(ROOT / "ops" / "plans" / "default.yaml"))
     assert [s.number for s in stages] == list(range(10))
-    assert [s.skip_reason is None for s in stages] == [True] * 3 + [False] * 7
-    assert "stage 3 needs quantile_select (position 3), not installed" in stages[3].skip_reason
+    reg = discover()
+    order = reg.rollout_order()
+    gap = next(i for i, n in enumerate(order) if n not in reg.plugins)  # positions 1..gap are installed
+    assert [s.skip_reason is None for s in stages] == [True] * (gap + 1) + [False] * (9 - gap)
+    assert f"stage {gap + 1} needs {order[gap]} (position {gap + 1}), not installed" in stages[gap + 1].skip_reason
     gates = {g.name: g.model_dump() for g in load_plan(ROOT / "ops" / "plans" / "default.yaml").stage_gates[0]}
     for d in DEFAULT_GATES:  # the default plan writes DESIGN.md's gates out, unchanged
         assert {k: gates[d["name"]][k] for k in d if k != "description"} == {k: v for k, v in d.items()
@@ -103,7 +107,10 @@ def test_dry_run_prints_the_stages_and_gates_and_writes_nothing(tmp_path: Path, 
     monkeypatch.chdir(tmp_path)
     res = invoke("rollout", "run", ROOT / "ops" / "plans" / "default.yaml", "--dry-run")
     assert res.exit_code == 0, res.output
-    assert "10 stage(s), 9 trial(s)" in res.output
-    assert "SKIP: stage 9 needs quantile_select (position 3), graph_message (position 4)" in res.output
+    reg = discover()
+    order = reg.rollout_order()
+    gap = next(i for i, n in enumerate(order) if n not in reg.plugins)  # stages 0..gap run, 3 seeds each
+    assert f"10 stage(s), {3 * (gap + 1)} trial(s)" in res.output
+    assert f"SKIP: stage 9 needs {order[gap]} (position {gap + 1}), " in res.output
     assert "eval_return       eval_return (difference, mean) min -0.05, sign test" in res.output
     assert list(tmp_path.iterdir()) == []
