@@ -42,7 +42,7 @@ def defines(grid: Grid) -> dict[str, str]:
 def backward_shape(rows: int, width: int) -> tuple[int, int, int]:
     """``(unit tiles, row chunks, rows per chunk)`` of the backward's first pass."""
     tiles = -(-width // UNIT_TILE)
-    chunks = max(1, min(-(-rows // MIN_CHUNK_ROWS), -(-TARGET_BLOCKS // tiles)))
+    chunks = max(1, min(rows // MIN_CHUNK_ROWS, -(-TARGET_BLOCKS // tiles)))
     per = max(1, -(-rows // chunks))
     return tiles, -(-rows // per) if rows else 1, per
 
@@ -74,6 +74,8 @@ def forward_cuda(grid: Grid, coeff: Array, residual: Array, pre: Array, out: Arr
         out = cupy.empty_like(pre)
     else:
         _check("kan_gate_forward", grid, coeff, residual, pre, out=out)
+        if out.data.ptr == pre.data.ptr:
+            raise ValueError("kan_gate_forward: out must not alias pre")
     if rows and width:
         fn = _module(grid).get_function("kan_gate_forward")
         grid_dims = (-(-width // UNIT_TILE), min(FORWARD_ROW_BLOCKS, -(-rows // ROW_THREADS)))
@@ -81,24 +83,36 @@ def forward_cuda(grid: Grid, coeff: Array, residual: Array, pre: Array, out: Arr
     return out
 
 
-def backward_cuda(grid: Grid, coeff: Array, residual: Array, pre: Array, dgate: Array,
-                  dpre: Array | None = None) -> tuple[Array, Array, Array]:
-    """``(dpre [rows, width], dcoeff [width, K], dresidual [width])`` from ``dgate``."""
+def backward_cuda(grid: Grid, coeff: Array, residual: Array, pre: Array, dgate: Array, dpre: Array | None = None,
+                  dcoeff: Array | None = None, dresidual: Array | None = None) -> tuple[Array, Array, Array]:
+    """``(dpre [rows, width], dcoeff [width, K], dresidual [width])`` from ``dgate``; each goes
+    into the given array when there is one (``dpre`` must not alias ``pre``)."""
     import cupy
 
-    rows, width = _check("kan_gate_backward", grid, coeff, residual, pre, dgate=dgate)
+    from foxhunt_core.backend import check_array
+
+    kernel = "kan_gate_backward"
+    rows, width = _check(kernel, grid, coeff, residual, pre, dgate=dgate)
     if dpre is None:
         dpre = cupy.empty_like(pre)
     else:
-        _check("kan_gate_backward", grid, coeff, residual, pre, dpre=dpre)
-    dcoeff = cupy.empty((width, grid.num_bases), dtype=cupy.float32)
-    dres = cupy.empty(width, dtype=cupy.float32)
+        _check(kernel, grid, coeff, residual, pre, dpre=dpre)
+        if dpre.data.ptr in (pre.data.ptr, dgate.data.ptr):
+            raise ValueError("kan_gate_backward: dpre must not alias pre or dgate")
+    if dcoeff is None:
+        dcoeff = cupy.empty((width, grid.num_bases), dtype=cupy.float32)
+    else:
+        check_array(kernel, "dcoeff", dcoeff, np.float32, (width, grid.num_bases))
+    if dresidual is None:
+        dresidual = cupy.empty(width, dtype=cupy.float32)
+    else:
+        check_array(kernel, "dresidual", dresidual, np.float32, (width,))
     if not width:
-        return dpre, dcoeff, dres
+        return dpre, dcoeff, dresidual
     if not rows:
         dcoeff.fill(0)
-        dres.fill(0)
-        return dpre, dcoeff, dres
+        dresidual.fill(0)
+        return dpre, dcoeff, dresidual
     mod = _module(grid)
     tiles, chunks, per = backward_shape(rows, width)
     terms = grid.num_bases + 1
@@ -108,5 +122,5 @@ def backward_cuda(grid: Grid, coeff: Array, residual: Array, pre: Array, dgate: 
         (pre, dgate, coeff, residual, dpre, partial, np.int32(rows), np.int32(width), np.int32(per)))
     n = terms * width
     mod.get_function("kan_gate_param_reduce")(
-        (-(-n // REDUCE_THREADS),), (REDUCE_THREADS,), (partial, np.int32(chunks), np.int32(width), dcoeff, dres))
-    return dpre, dcoeff, dres
+        (-(-n // REDUCE_THREADS),), (REDUCE_THREADS,), (partial, np.int32(chunks), np.int32(width), dcoeff, dresidual))
+    return dpre, dcoeff, dresidual
