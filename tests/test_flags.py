@@ -38,7 +38,11 @@ def _doc(plugins: dict, **top) -> str:
 # ----------------------------------------------------------------------------- stage files
 def test_one_stage_file_per_installed_stage():
     reg = discover()
-    installed = [n for n in reg.rollout_order() if n in reg.plugins]
+    installed = []  # the stages that can exist: the installed prefix of the rollout order
+    for n in reg.rollout_order():
+        if n not in reg.plugins:
+            break
+        installed.append(n)
     assert [int(p.name[6:8]) for p in STAGES] == list(range(len(installed) + 1))
     base = load_flags(STAGES[0])
     for n, path in enumerate(STAGES):
