@@ -89,9 +89,9 @@ def locate(xp: Any, x: Array, grid: Grid) -> Located:
     """Clamp ``x`` to ``[lo, hi]`` and split it into interval and local parameter.
 
     ``x = hi`` lands in the last interval at ``t = 1`` (not in a nonexistent interval ``G``). A NaN
-    input lands at ``lo``, as in the kernels (the gate stays NaN through the residual term)."""
-    xc = xp.clip(x, grid.lo, grid.hi)
-    u = (xp.where(xc == xc, xc, grid.lo) - grid.lo) * (1.0 / grid.step)
+    input lands at ``lo`` (``fmax`` drops a NaN operand), as in the kernels; the gate stays NaN
+    through the residual term."""
+    u = (xp.fmin(xp.fmax(x, grid.lo), grid.hi) - grid.lo) * (1.0 / grid.step)
     span = xp.clip(xp.floor(u), 0, grid.intervals - 1)
     t = u - span
     return Located(span.astype(np.int64), t, (x >= grid.lo) & (x <= grid.hi))
