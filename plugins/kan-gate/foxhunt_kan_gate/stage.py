@@ -1,0 +1,87 @@
+"""The ``gate_activation`` stage: the KAN spline gate of every GLU unit of every branch.
+
+Parameters, per branch ``d`` (``W = adv_h`` units, ``K`` bases): ``b{d}.coeff`` [W, K], initialised
+to the least-squares fit of the sigmoid (:func:`.spline.fit_sigmoid`), and ``b{d}.residual`` [W],
+initialised to ``residual_init``. On CuPy float32 inputs the stage runs the CUDA kernels
+(:mod:`.cuda`); otherwise the array-operation twin (:mod:`.gate`) on NumPy or CuPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .gate import TwinCache, gate_backward, gate_forward
+from .spline import Grid, SigmoidFit, fit_sigmoid
+
+Array = Any
+Params = dict[str, Array]
+
+
+@lru_cache(maxsize=16)
+def initial_fit(grid: Grid) -> SigmoidFit:
+    """The sigmoid fit of ``grid`` (computed once per grid)."""
+    return fit_sigmoid(grid)
+
+
+def coeff_key(branch: int) -> str:
+    return f"b{branch}.coeff"
+
+
+def residual_key(branch: int) -> str:
+    return f"b{branch}.residual"
+
+
+@dataclass(frozen=True)
+class CudaCache:
+    """The forward's cache on the kernel path: the kernels recompute everything else from ``pre``."""
+
+    pre: Array
+
+
+@dataclass(frozen=True)
+class KanGateStage:
+    """``gate = clamp(spline(pre) + r * pre, 0, 1)`` per unit (plan Task 4, defects 1-3 fixed)."""
+
+    grid: Grid = field(default_factory=Grid)
+    residual_init: float = 0.0
+    use_cuda_kernels: bool = True
+    name: str = "kan_gate"
+
+    def init_params(self, widths: tuple[int, ...], rng: np.random.Generator) -> Params:
+        c = initial_fit(self.grid).coefficients
+        out: Params = {}
+        for d, w in enumerate(widths):
+            out[coeff_key(d)] = np.tile(c, (w, 1))
+            out[residual_key(d)] = np.full(w, float(self.residual_init))
+        return out
+
+    def on_kernels(self, xp: Any, pre: Array, coeff: Array, residual: Array) -> bool:
+        """Whether these arrays take the CUDA kernels (CuPy float32, kernels not switched off)."""
+        return (self.use_cuda_kernels and getattr(xp, "__name__", "") == "cupy" and pre.ndim == 2
+                and all(a.dtype == np.float32 for a in (pre, coeff, residual)))
+
+    def forward(self, xp: Any, params: Params, branch: int, pre: Array) -> tuple[Array, Any]:
+        coeff, res = params[coeff_key(branch)], params[residual_key(branch)]
+        if self.on_kernels(xp, pre, coeff, res):
+            from .cuda import forward_cuda
+
+            pre = xp.ascontiguousarray(pre)
+            return forward_cuda(self.grid, xp.ascontiguousarray(coeff), xp.ascontiguousarray(res), pre), CudaCache(pre)
+        return gate_forward(xp, self.grid, coeff, res, pre)
+
+    def backward(self, xp: Any, params: Params, branch: int, cache: Any, dgate: Array) -> tuple[Array, Params]:
+        coeff, res = params[coeff_key(branch)], params[residual_key(branch)]
+        if isinstance(cache, CudaCache):
+            from .cuda import backward_cuda
+
+            dpre, dc, dr = backward_cuda(self.grid, xp.ascontiguousarray(coeff), xp.ascontiguousarray(res),
+                                         cache.pre, xp.ascontiguousarray(dgate, dtype=np.float32))
+        elif isinstance(cache, TwinCache):
+            dpre, dc, dr = gate_backward(xp, self.grid, coeff, res, cache, dgate)
+        else:
+            raise TypeError(f"kan_gate: backward got a {type(cache).__name__} cache, not one of its forward's")
+        return dpre, {coeff_key(branch): dc, residual_key(branch): dr}
