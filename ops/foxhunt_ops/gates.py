@@ -181,7 +181,7 @@ def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[i
         worst = min(kept, key=lambda s: _margin(kept[s], gate)) if gate.aggregate == "all" and kept else None
         if worst is not None and _margin(kept[worst], gate) < 0:
             v.value = kept[worst]
-            head = f"all of {_what(gate)}: {_fmt(v.value)} (seed {worst}), bound {_bounds(gate)}: outside; "
+            head = f"all of {_what(gate)} = {_fmt(v.value)} (seed {worst}), bound {_bounds(gate)}: outside; "
         v.reason = f"{head}{len(failed)} of {len(values)} seed(s) fail ({limit}): {_seed_list(failed)}"
         return v
     need = max(gate.min_seeds, 2 if gate.decide_by == "interval" else 1)
