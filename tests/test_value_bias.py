@@ -16,9 +16,9 @@ from foxhunt_core.trainer import Trainer
 from hook_plugins import AffinePostPlugin, CenterPlugin
 
 
-def tiny(steps=60, **train):
+def tiny(steps=60, device="cpu", **train):
     return RunSettings.model_validate({
-        "seed": 2, "device": "cpu", "market": {"bars": 2000},
+        "seed": 2, "device": device, "market": {"bars": 2000},
         "env": {"num_envs": 8, "episode_len": 64},
         "net": {"shared_h1": 16, "shared_h2": 16, "adv_h": 12, "num_atoms": 11, "attn_dim": 4},
         "train": {"steps": steps, "batch_size": 32, "warmup_steps": 200, "stats_every": 20,
@@ -103,3 +103,12 @@ def test_train_writes_the_value_bias_into_eval_json(tmp_path):
     assert doc["gamma"] == 0.9 and doc["horizon"] == 44 and doc["states"] == doc["bars"] - 44
     assert {"value_bias", "bias", "q_mean", "return_mean", "return_std", "truncation_weight",
             "coordinated_value_bias"} <= set(doc)
+
+
+@pytest.mark.gpu
+def test_the_walk_on_the_gpu_is_the_policys_evaluation_walk():
+    tr = Trainer(tiny(device="cuda"), _plugins(CenterPlugin(), AffinePostPlugin()))
+    tr.train()
+    rec = vb.measure(tr)
+    assert rec["total_return"] == pytest.approx(tr.evaluate("test")["policy"]["total_return"], rel=1e-9, abs=1e-12)
+    assert np.isfinite(rec["value_bias"])

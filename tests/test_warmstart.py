@@ -137,3 +137,20 @@ def test_train_init_from_a_missing_checkpoint_is_one_line_exit_2(tmp_path):
                                    "--init-from", str(tmp_path / "none.safetensors")])
     assert res.exit_code == 2
     assert res.output.strip() == f"{tmp_path / 'none.safetensors'}: no such checkpoint file"
+
+
+@pytest.mark.gpu
+def test_a_warm_start_on_the_gpu_keeps_the_good_stages_q(good, tmp_path):
+    """The CPU-trained good stage's checkpoint into a CUDA agent (fused path, flat parameter buffer):
+    coordinated Q within TF32 error of the good stage's at step 0."""
+    before, ckpt = good
+    s = settings().model_copy(update={"device": "cuda"})
+    tr = Trainer(s, plugin_set(["center", "affine_post", "ofi_column"]), tmp_path / "warm")
+    rec = warm_start(tr, ckpt)
+    assert rec["function_preserved"] and tr.device == "cuda"
+    q_good = coordinated(before)
+    agent = tr.agent
+    out = agent.net.forward(agent.online, agent.xp.asarray(obs_batch()))
+    q_warm = agent.qpipe.forward(agent.online, out.probs, agent.z, q_raw=out.q, q_var=out.var).q_coord.get()
+    rel = np.linalg.norm(q_warm - q_good) / np.linalg.norm(q_good)
+    assert rel < 2e-3, rel
