@@ -1,10 +1,12 @@
 """What a trial measured: the metrics gates can name, read from a finished run directory.
 
 A trial is one ``foxhunt train`` run. Its run directory holds ``run.json``, ``metrics.json``
-(a Q-statistics record every ``stats_every`` updates), ``eval.json`` (the test-split table and
-``updates_per_second``) and ``checkpoint.safetensors``. :func:`read_result` turns them into one
-JSON-able *result*: the final value of every metric of :data:`METRICS`, the series the report
-plots, and the baselines' returns. Non-finite numbers are stored as the strings ``"NaN"``,
+(a Q-statistics record every ``stats_every`` updates), ``eval.json`` (the test-split table,
+the value-bias record of :mod:`foxhunt_core.value_bias` and ``updates_per_second``),
+``checkpoint.safetensors`` and, for a warm-started trial, ``warm_start.json``
+(:mod:`foxhunt_core.warmstart`). :func:`read_result` turns them into one JSON-able *result*: the
+final value of every metric of :data:`METRICS`, the series the report plots, the baselines'
+returns, the value-bias record and the warm-start record. Non-finite numbers are stored as the strings ``"NaN"``,
 ``"Infinity"`` and ``"-Infinity"`` so that the ledger holds strict JSON; :func:`metric_value`
 turns them back into floats.
 """
