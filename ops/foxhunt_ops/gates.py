@@ -184,11 +184,14 @@ def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[i
             head = f"all of {_what(gate)} = {_fmt(v.value)} (seed {worst}), bound {_bounds(gate)}: outside; "
         v.reason = f"{head}{len(failed)} of {len(values)} seed(s) fail ({limit}): {_seed_list(failed)}"
         return v
+    ignored = {s: ("no data" if x is None else "NaN/Inf") + (f": {notes[s]}" if s in notes else "")
+               for s, x in values.items() if s not in kept and s not in failed}
     need = max(gate.min_seeds, 2 if gate.decide_by == "interval" else 1)
     if len(kept) < need:
         v.verdict = "inconclusive"
+        out = {**ignored, **{s: why for s, why in failed.items() if s not in kept}}
         v.reason = (f"too few finite seeds: {len(kept)} of {len(values)} (the gate needs {need})"
-                    + (f"; left out: {_seed_list(failed)}" if failed else ""))
+                    + (f"; left out: {_seed_list(dict(sorted(out.items())))}" if out else ""))
         return v
     xs = list(kept.values())
     if gate.aggregate == "all":
@@ -211,8 +214,6 @@ def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[i
         stat += f", {gate.confidence:.0%} interval [{v.interval[0]:+.4g}, {v.interval[1]:+.4g}]"
     ptxt = f"; {gate.test} test p = {v.p_value:.3g} over {len(xs)} seed(s)" if v.p_value is not None else ""
     within = f"; {len(failed)} seed(s) failing within {limit}: {_seed_list(failed)}" if failed else ""
-    ignored = {s: ("no data" if x is None else "NaN/Inf") + (f": {notes[s]}" if s in notes else "")
-               for s, x in values.items() if s not in kept and s not in failed}
     within += f"; left out: {_seed_list(ignored)}" if ignored else ""
     if gate.decide_by == "interval":
         lo, hi = v.interval if v.interval is not None else (v.value, v.value)

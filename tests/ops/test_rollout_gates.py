@@ -156,7 +156,8 @@ def test_too_few_finite_seeds_is_inconclusive():
     cur = by_seed("value_bias", [0.1, None, None])
     v = evaluate_gate(g, cur, None, {1: "trial failed: exit 1"})
     assert v.verdict == "inconclusive" and v.pending and not v.blocking
-    assert "too few finite seeds: 1 of 3 (the gate needs 2)" in v.reason
+    assert "too few finite seeds: 1 of 3 (the gate needs 2); left out: 1 (no data: trial failed: exit 1), " \
+        "2 (no data)" in v.reason
     assert evaluate_gate(g, by_seed("value_bias", [0.1, 0.3, None]), None).verdict == "pass"
 
 
