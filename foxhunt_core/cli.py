@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__
+from . import __version__, value_bias
 from .backend import BackendError
 from .checkpoint import CheckpointError, atomic_write_text, load_checkpoint
 from .config import RunSettings
@@ -72,6 +72,7 @@ def _evaluate_and_report(trainer: Trainer, split: str = "test") -> dict[str, Any
         "updates_per_second": trainer.step / trainer.train_seconds if trainer.train_seconds else None,
         "steady_updates_per_second": trainer.steady_updates_per_second,
         "final_stats": {k: last.get(k) for k in ("raw_q_drift", "atom_utilization", "atom_entropy")},
+        "value_bias": value_bias.measure(trainer, split),
         "policies": table,
     }
     if trainer.out_dir is not None:
@@ -113,6 +114,8 @@ def train(
     seed: int | None = typer.Option(None, help="Run seed (overrides the flag file)."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (overrides the flag file)."),
     quiet: bool = typer.Option(False, help="No progress output."),
+    init_from: Path | None = typer.Option(None, "--init-from", help="Warm start: begin from this checkpoint's "
+                                          "parameters; newly enabled plugins' at their init."),
 ) -> None:
     """Train an agent with the plugins a flag file enables, then evaluate it on the test split."""
     try:
@@ -128,7 +131,11 @@ def train(
         settings = RunSettings.model_validate(settings.model_dump())
         plugins = (f.registry or discover()).plugin_set(f.enabled)
         trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models, console=not quiet)
-    except (FlagError, PluginError, BackendError) as exc:
+        if init_from is not None:
+            from .warmstart import warm_start
+
+            warm_start(trainer, init_from)
+    except (FlagError, PluginError, BackendError, CheckpointError) as exc:
         _fail(str(exc))
     except ValidationError as exc:
         _fail("\n".join(f"command line: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))

@@ -111,6 +111,11 @@ class PluginManifest(BaseModel):
     kernels: tuple[KernelSpec, ...] = Field((), description="CUDA kernels the plugin ships.")
     requires: Requires = Field(default_factory=Requires, description="Other plugins and core version needed.")
     description: str = Field("", description="One line on what the plugin does.")
+    starts_as_identity: bool = Field(
+        False, description="At its init the plugin leaves the network's function unchanged (a post-attention "
+        "stage that starts as the identity, branch-input columns, a change of the loss or the exploration only): "
+        "a run warm-started from a checkpoint without it has the checkpoint's coordinated Q at step 0 "
+        "(foxhunt_core.warmstart).")
 
     def parameter_count(self, settings: RunSettings | None = None) -> int:
         s = settings or RunSettings()

@@ -23,7 +23,7 @@ from .errors import LedgerError, PlanError
 
 if TYPE_CHECKING:  # the modules themselves are imported by the commands that use them
     from .backends import Backend
-    from .plan import Gate
+    from .plan import Gate, Plan
     from .stages import ResolvedStage
     from .state import RolloutState
 
@@ -50,17 +50,21 @@ def _gate_lines(gates: list[Gate], indent: str) -> list[str]:
     for g in gates:
         bound = " ".join(x for x in (f"min {g.min:g}" if g.min is not None else "",
                                       f"max {g.max:g}" if g.max is not None else "") if x)
-        extra = (f", {g.test} test" if g.test != "none" else "") + (f", alpha {g.alpha:g}" if g.alpha else "")
+        extra = ((f", {g.test} test" if g.test != "none" else "") + (f", alpha {g.alpha:g}" if g.alpha else "")
+                 + (", decided by its interval" if g.decide_by == "interval" else "")
+                 + (f", failure_limit {g.failure_limit}" if g.failure_limit else ""))
         lines.append(f"{indent}{g.name:<17} {g.metric} ({g.compare}, {g.aggregate}) {bound}{extra}"
                      + ("  [dry run]" if g.dry_run else ""))
     return lines
 
 
-def _describe(plan_path: str, name: str, stages: list[ResolvedStage], device: str, backend: str) -> str:
+def _describe(plan_path: str, plan: Plan, stages: list[ResolvedStage], device: str, backend: str) -> str:
     """What ``run --dry-run`` prints: every stage, what it runs or why it is skipped, and the gates."""
     runs = [s for s in stages if not s.skip_reason]
     n = sum(len(s.seeds) for s in runs)
-    lines = [f"plan {plan_path}: {name}: {len(stages)} stage(s), {n} trial(s), device {device}, backend {backend}"]
+    gpu = f", {plan.spec.workers_per_gpu} trial(s) per GPU" if device != "cpu" else ""
+    lines = [f"plan {plan_path}: {plan.spec.name}: {len(stages)} stage(s), {n} trial(s), device {device}{gpu}, "
+             f"backend {backend}"]
     same = all(s.gates == runs[0].gates for s in runs) if runs else True
     for s in stages:
         if s.skip_reason:
@@ -68,7 +72,9 @@ def _describe(plan_path: str, name: str, stages: list[ResolvedStage], device: st
             continue
         lines.append(f"  {s.stage_id:<10} {s.source}  flags sha256 {(s.flags_sha256 or '-')[:12]}  "
                      f"plugins: {', '.join(s.plugins) or 'none'}  seeds {','.join(map(str, s.seeds))}  "
-                     f"{s.steps} updates" + ("  (pause for promotion)" if s.pause else ""))
+                     f"{s.steps} updates"
+                     + ("  warm start from the good stage" if s.init_from == "good" and s is not runs[0] else "")
+                     + ("  (pause for promotion)" if s.pause else ""))
         if not same:
             lines += _gate_lines(s.gates, "      gate ")
     if same and runs:
@@ -77,11 +83,13 @@ def _describe(plan_path: str, name: str, stages: list[ResolvedStage], device: st
     return "\n".join(lines)
 
 
-def _backend(name: str, workers: int | None, address: str | None) -> Backend:
+def _backend(name: str, workers: int | None, address: str | None, plan: Plan, device: str) -> Backend:
     from .backends import make_backend
 
+    s = plan.spec
     try:
-        return make_backend(name, workers=workers, address=address)
+        return make_backend(name, workers=workers or s.workers, address=address, device=device,
+                            workers_per_gpu=s.workers_per_gpu, gpu_memory_fraction=s.gpu_memory_fraction)
     except ValueError as exc:
         _fail(str(exc))
 
@@ -118,6 +126,8 @@ def run(
     backend: str = BACKEND,
     address: str | None = ADDRESS,
     workers: int | None = WORKERS,
+    device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda for every trial, in place of the "
+                                      "plan's device (kept for resumes)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the plan and print what would run; run nothing."),
 ) -> None:
     """Validate a plan (refused before anything runs if anything is wrong), then run it stage by stage."""
@@ -127,22 +137,24 @@ def run(
 
     if backend not in ("local", "ray"):
         _fail(f"--backend must be local or ray, not {backend!r}")
+    if device not in (None, "auto", "cpu", "cuda"):
+        _fail(f"--device must be auto, cpu or cuda, not {device!r}")
     try:
         p = load_plan(plan)
         stages = resolve_stages(p)
     except PlanError as exc:
         _fail(str(exc))
     if dry_run:
-        typer.echo(_describe(str(plan), p.spec.name, stages, p.spec.device, backend))
+        typer.echo(_describe(str(plan), p, stages, device or p.spec.device, backend))
         return
     rollout_dir = out or Path("runs") / f"rollout-{p.spec.name}"
     try:
         check_new(rollout_dir)
     except LedgerError as exc:
         _fail(str(exc))
-    be = _backend(backend, workers or p.spec.workers, address)
+    be = _backend(backend, workers, address, p, device or p.spec.device)
     try:
-        start(p, stages, rollout_dir).close()
+        start(p, stages, rollout_dir, device).close()
     except LedgerError as exc:
         be.close()
         _fail(str(exc))
@@ -158,7 +170,7 @@ def resume(
     workers: int | None = WORKERS,
 ) -> None:
     """Continue a rollout (after a crash, an interruption or a promotion): finished trials are not rerun."""
-    from .controller import stored_plan
+    from .controller import stored_device, stored_plan
     from .ledger import Ledger
 
     try:
@@ -167,11 +179,12 @@ def resume(
             if not led.initialised:
                 raise LedgerError(f"{rollout_dir}: the rollout was never started (run the plan again)")
             plan = stored_plan(led)
+            device = stored_device(led, plan)
         finally:
             led.close()
     except (LedgerError, PlanError) as exc:
         _fail(str(exc))
-    _exit_for(_drive(rollout_dir, _backend(backend, workers or plan.spec.workers, address)))
+    _exit_for(_drive(rollout_dir, _backend(backend, workers, address, plan, device)))
 
 
 def _status_doc(rollout_dir: Path) -> dict[str, Any]:

@@ -5,14 +5,19 @@ records the plan in a new ledger (nothing has run when a plan is refused). ``dri
 the stages (:func:`foxhunt_ops.state.walk`); for the next stage it
 
 1. runs the trials the ledger does not have as ``done``/``failed`` (a trial left ``running`` by
-   a dead controller is rerun from scratch);
+   a dead controller is rerun from scratch). With ``init_from: good`` the trial for seed ``s``
+   starts from the good stage's final checkpoint for seed ``s``
+   (``trials/<good>/seed-<s>/checkpoint.safetensors``, :mod:`foxhunt_core.warmstart`); the
+   first stage judged has no good stage and starts from scratch;
 2. evaluates the stage's gates against the good stage — the last promoted one
-   (:mod:`foxhunt_ops.gates`);
-3. records one decision: ``promote`` (every blocking gate passed), ``pause`` (passed, and the
-   plan asks an operator to promote), ``rollback`` (a blocking gate failed: the good flag set
-   stays the last promoted stage's, and the rollout stops) or, at the first judged stage, where
-   there is nothing to roll back to, ``abort``. Stages whose plugins are not installed are
-   recorded as ``skip``.
+   (:mod:`foxhunt_ops.gates`) — and reads the stage's analysis from the verdicts, as Argo
+   Rollouts does: Successful, Failed or Inconclusive;
+3. records one decision: Successful is ``promote`` (or ``pause`` when the plan asks an operator
+   to promote); Failed is ``rollback`` (the good flag set stays the last promoted stage's, and
+   the rollout stops) or, at the first judged stage, where there is nothing to roll back to,
+   ``abort``; Inconclusive (too few finite seeds, an interval that straddles a bound) is
+   ``pause``, with the reason, for an operator to promote, roll back or abort. Stages whose
+   plugins are not installed are recorded as ``skip``.
 
 Operators act through the same ledger: ``promote`` accepts a paused stage (or, with a reason,
 overrides a failed gate), ``abort`` and ``rollback [--to]`` end the rollout; a running controller
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from foxhunt_core.checkpoint import atomic_write_text
+from foxhunt_core.trainer import CHECKPOINT
 
 from . import gates as gates_mod
 from .backends import Backend
@@ -39,6 +45,7 @@ from .trial import TrialSpec
 
 Echo = Callable[[str], None]
 POLL_S = 0.5
+DEVICE_OVERRIDE = "device_override"
 
 
 def check_new(rollout_dir: Path) -> None:
@@ -54,8 +61,9 @@ def check_new(rollout_dir: Path) -> None:
         led.close()
 
 
-def start(plan: Plan, stages: list[ResolvedStage], rollout_dir: Path) -> Ledger:
-    """Create the rollout directory's ledger for a validated plan and its resolved stages."""
+def start(plan: Plan, stages: list[ResolvedStage], rollout_dir: Path, device: str | None = None) -> Ledger:
+    """Create the rollout directory's ledger for a validated plan and its resolved stages;
+    ``device`` (``run --device``) replaces the plan's device for every trial, resumes included."""
     rollout_dir = Path(rollout_dir)
     check_new(rollout_dir)
     rollout_dir.mkdir(parents=True, exist_ok=True)
@@ -65,13 +73,19 @@ def start(plan: Plan, stages: list[ResolvedStage], rollout_dir: Path) -> Ledger:
             if s.flags_text is not None:
                 atomic_write_text(rollout_dir / s.flags_file, s.flags_text)
         led = Ledger.open(rollout_dir, create=True)
-        led.initialise(plan.path, plan.spec.name, plan.sha256, plan.text, stages)
+        led.initialise(plan.path, plan.spec.name, plan.sha256, plan.text, stages,
+                       {DEVICE_OVERRIDE: device} if device else None)
     return led
 
 
 def stored_plan(led: Ledger) -> Plan:
     meta = led.meta()
     return parse_plan(meta["plan_text"], meta["plan_path"])
+
+
+def stored_device(led: Ledger, plan: Plan) -> str:
+    """The device of the rollout's trials: ``run --device``'s, else the plan's."""
+    return led.meta().get(DEVICE_OVERRIDE) or plan.spec.device
 
 
 def _results(led: Ledger, stage_id: str) -> tuple[dict[int, Any], dict[int, str]]:
@@ -95,6 +109,7 @@ class Controller:
         if not self.led.initialised:
             raise LedgerError(f"{self.dir}: the rollout was never started (run the plan again)")
         self.plan = stored_plan(self.led)
+        self.device = stored_device(self.led, self.plan)
         self.stages = self.led.stages()
 
     def state(self) -> RolloutState:
@@ -119,7 +134,7 @@ class Controller:
                 if stage.skip_reason:
                     self._decide(stage, "skip", stage.skip_reason, st)
                     continue
-                if not self._run_trials(stage):
+                if not self._run_trials(stage, st.good):
                     break
                 if self._operator_stopped():
                     break
@@ -138,20 +153,24 @@ class Controller:
     def _operator_stopped(self) -> bool:
         return self.led.operator_stop_since(self.since) is not None
 
-    def _spec(self, stage: ResolvedStage, seed: int) -> TrialSpec:
+    def _spec(self, stage: ResolvedStage, seed: int, good: str | None) -> TrialSpec:
+        warm = None
+        if stage.init_from == "good" and good is not None:
+            warm = str((self.dir / "trials" / good / f"seed-{seed}" / CHECKPOINT).resolve())
         return TrialSpec(stage_id=stage.stage_id, seed=seed, steps=stage.steps,
                          flags_file=str((self.dir / stage.flags_file).resolve()),
                          flags_sha256=stage.flags_sha256 or "",
                          run_dir=str((self.dir / self._run_dir(stage, seed)).resolve()),
-                         device=self.backend.device_for(self.plan.spec.device),
-                         timeout_s=self.plan.spec.trial_timeout_s)
+                         device=self.backend.device_for(self.device),
+                         timeout_s=self.plan.spec.trial_timeout_s, init_from=warm)
 
     @staticmethod
     def _run_dir(stage: ResolvedStage, seed: int) -> str:
         return f"trials/{stage.stage_id}/seed-{seed}"
 
-    def _run_trials(self, stage: ResolvedStage) -> bool:
-        """Run the stage's unfinished trials; ``False`` when an operator stopped the rollout."""
+    def _run_trials(self, stage: ResolvedStage, good: str | None) -> bool:
+        """Run the stage's unfinished trials (warm-started from ``good`` when the stage says so);
+        ``False`` when an operator stopped the rollout."""
         rows = {t["seed"]: t for t in self.led.trials(stage.stage_id)}
         queue = []
         for seed in stage.seeds:
@@ -163,10 +182,11 @@ class Controller:
                                why="unfinished when the last controller stopped; rerun from scratch")
                 self.echo(f"{stage.stage_id}: seed {seed} was {row['status']} when the last controller stopped; "
                           "rerunning it from scratch")
-            queue.append(self._spec(stage, seed))
+            queue.append(self._spec(stage, seed, good))
         if queue:
+            start = f"warm start from {good}" if queue[0].init_from else "from scratch"
             self.echo(f"{stage.stage_id}: {len(queue)} trial(s) on {self.backend.name} "
-                      f"(plugins: {', '.join(stage.plugins) or 'none'}; {stage.steps} updates)")
+                      f"(plugins: {', '.join(stage.plugins) or 'none'}; {stage.steps} updates; {start})")
         try:
             while queue or self.backend.running():
                 while queue and self.backend.running() < self.backend.capacity:
@@ -176,7 +196,8 @@ class Controller:
                 for out in self.backend.wait(POLL_S):
                     self.led.trial_finished(out)
                     what = f"failed: {out.error}" if out.status == "failed" else "done"
-                    self.echo(f"{stage.stage_id}: seed {out.seed} {what} ({out.wall_s:.1f} s)")
+                    where = f", GPU {out.gpu}" if out.gpu is not None else ""
+                    self.echo(f"{stage.stage_id}: seed {out.seed} {what} ({out.wall_s:.1f} s{where})")
                 if self._operator_stopped():
                     self._cancel("an operator stopped the rollout")
                     return False
@@ -200,25 +221,31 @@ class Controller:
         cur = {s: cur.get(s) for s in stage.seeds}
         prev = self.results(st.good) if st.good is not None else None
         verdicts = gates_mod.evaluate(stage.gates, cur, prev, gates_mod.failure_notes(cur, errors))
-        blocking = [v for v in verdicts if v.blocking]
+        verdict = gates_mod.analysis(verdicts)
         dry = [v.gate for v in verdicts if v.dry_run]
         dry_txt = f"; dry-run gates (reported, never blocking): {', '.join(dry)}" if dry else ""
-        if blocking:
-            fails = "; ".join(f"{v.gate}: {v.reason}" for v in blocking)
+        if verdict == "Failed":
+            fails = "; ".join(f"{v.gate}: {v.reason}" for v in verdicts if v.blocking)
             if st.good is None:
                 action = "abort"
-                reason = (f"{stage.stage_id} fails blocking gate(s) with no good stage to roll back to "
+                reason = (f"Failed: {stage.stage_id} fails blocking gate(s) with no good stage to roll back to "
                           f"(it is the first stage judged): {fails}")
             else:
                 action = "rollback"
-                reason = f"{stage.stage_id} fails blocking gate(s); rolled back to {st.good}: {fails}"
+                reason = f"Failed: {stage.stage_id} fails blocking gate(s); rolled back to {st.good}: {fails}"
+        elif verdict == "Inconclusive":
+            action = "pause"
+            why = "; ".join(f"{v.gate}: {v.reason}" for v in verdicts if v.pending)
+            reason = (f"Inconclusive: {stage.stage_id} cannot be judged: {why}; an operator decides "
+                      f"(`foxhunt rollout promote DIR` to accept it, `rollback` or `abort` to refuse it){dry_txt}")
         elif stage.pause:
             action = "pause"
-            reason = ("all blocking gates passed; the plan asks for an operator's promotion "
-                      f"(foxhunt rollout promote {self.dir}){dry_txt}")
+            reason = ("Successful: all blocking gates passed; the plan asks for an operator's promotion "
+                      f"(`foxhunt rollout promote DIR`){dry_txt}")
         else:
             action = "promote"
-            reason = f"all blocking gates passed ({', '.join(v.gate for v in verdicts if not v.dry_run)}){dry_txt}"
+            passed = ", ".join(v.gate for v in verdicts if not v.dry_run and v.verdict == "pass")
+            reason = f"Successful: all blocking gates passed ({passed}){dry_txt}"
         metrics = {m: {str(s): num(metric_value(r, m)) for s, r in cur.items()} for m in METRICS}
         self._decide(stage, action, reason, st, gates=[v.to_json() for v in verdicts], metrics=metrics)
 

@@ -6,16 +6,24 @@ For a gate (:class:`foxhunt_ops.plan.Gate`) and a stage:
    (``difference``) or over (``ratio``) the last good stage's value *for the same seed*; seeds
    the two stages do not share are left out. A comparison at the first stage to be judged (no
    good stage yet) is ``skip``: there is nothing to compare with.
-2. missing values (failed trial, absent metric) and NaN/Inf values: ``fail`` the gate (the
-   default), or leave those seeds out (``ignore``); with no seed left the gate is ``skip``.
-3. aggregate over seeds (mean, median, min, max; ``all`` checks every seed) and compare with
-   ``min``/``max`` (inclusive).
-4. comparisons may run a paired one-sided test across seeds (:mod:`foxhunt_ops.stats`); its
-   p-value is always reported, and with ``alpha`` set a crossed bound blocks only when p < alpha.
+2. seeds that fail: a missing value (failed or killed trial, absent metric) or a NaN/Inf value
+   under the policy ``fail`` (``on_no_data`` / ``on_nan``; ``ignore`` leaves the seed out), and,
+   for ``aggregate: all``, a value outside the bounds. More failing seeds than
+   ``failure_limit`` (default 0) fail the gate.
+3. fewer than ``min_seeds`` seeds with a finite value (two for ``decide_by: interval``): the
+   gate is ``inconclusive``.
+4. aggregate the finite values (mean, median, min, max; ``all`` has been checked seed by seed)
+   and decide: ``decide_by: value`` compares the aggregate with ``min``/``max`` (inclusive; a
+   paired test's ``alpha``, when set, lets a crossed bound block only when p < alpha);
+   ``decide_by: interval`` takes the bootstrap interval of the aggregate (:mod:`.stats`): wholly
+   inside the bounds passes, wholly outside fails, straddling a bound is ``inconclusive``.
+5. every gate reports its interval (mean and median aggregates, two seeds or more) and, for a
+   paired test, its p-value, whichever way it decides.
 
-A verdict is ``pass``, ``fail`` or ``skip``; a ``fail`` *blocks* the stage unless the gate is a
-``dry_run``. Verdicts of volatile metrics (timings) are marked so that reproducibility checks
-can leave them out.
+A verdict is ``pass``, ``fail``, ``inconclusive`` or ``skip``. A stage's *analysis*
+(:func:`analysis`), as in Argo Rollouts: **Failed** when a gate that is not a dry run fails,
+else **Inconclusive** when one is inconclusive, else **Successful**. Verdicts of volatile
+metrics (timings) are marked so that reproducibility checks can leave them out.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 from .metrics import metric_value
 from .plan import Gate
-from .stats import TESTS
+from .stats import TESTS, bootstrap_interval
 
 Results = dict[int, dict[str, Any] | None]
 """Trial results of one stage by seed (``None``: the trial failed)."""
@@ -51,10 +59,22 @@ class Verdict:
     test: str = "none"
     p_value: float | None = None
     volatile: bool = False
+    decide_by: str = "value"
+    interval: list[float] | None = None
+    """Bootstrap interval ``[low, high]`` of the aggregate at ``confidence``."""
+    confidence: float | None = None
+    failed_seeds: dict[str, str] = field(default_factory=dict)
+    """Seeds that failed the gate, and why (at most ``failure_limit`` of them when it passes)."""
+    failure_limit: int = 0
 
     @property
     def blocking(self) -> bool:
         return self.verdict == "fail" and not self.dry_run
+
+    @property
+    def pending(self) -> bool:
+        """Inconclusive and not a dry run: the stage waits for an operator."""
+        return self.verdict == "inconclusive" and not self.dry_run
 
     def to_json(self) -> dict[str, Any]:
         from .metrics import num
@@ -63,6 +83,17 @@ class Verdict:
         d["value"] = num(self.value)
         d["per_seed"] = {k: num(v) for k, v in self.per_seed.items()}
         return d
+
+
+def analysis(verdicts: list[Verdict] | list[dict[str, Any]]) -> str:
+    """``Failed``, ``Inconclusive`` or ``Successful`` (see the module docstring)."""
+    rows = [v.to_json() if isinstance(v, Verdict) else v for v in verdicts]
+    live = [v for v in rows if not v.get("dry_run")]
+    if any(v["verdict"] == "fail" for v in live):
+        return "Failed"
+    if any(v["verdict"] == "inconclusive" for v in live):
+        return "Inconclusive"
+    return "Successful"
 
 
 def _fmt(v: float | None) -> str:
@@ -106,6 +137,10 @@ def _what(gate: Gate) -> str:
     return gate.metric
 
 
+def _seed_list(failed: dict[int, str]) -> str:
+    return ", ".join(f"{s} ({why})" for s, why in failed.items())
+
+
 def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[int, str] | None = None) -> Verdict:
     """The verdict of ``gate`` for a stage's results ``cur`` against the good stage's ``prev``.
 
@@ -114,7 +149,8 @@ def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[i
     """
     v = Verdict(gate=gate.name, metric=gate.metric, compare=gate.compare, aggregate=gate.aggregate,
                 min=gate.min, max=gate.max, dry_run=gate.dry_run, verdict="skip", reason="",
-                test=gate.test, volatile=gate.volatile)
+                test=gate.test, volatile=gate.volatile, decide_by=gate.decide_by, confidence=gate.confidence,
+                failure_limit=gate.failure_limit)
     if gate.compare != "absolute" and prev is None:
         v.reason = "no good stage to compare with yet (this is the first stage judged)"
         return v
@@ -125,17 +161,37 @@ def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[i
         v.verdict = "fail" if gate.on_no_data == "fail" else "skip"
         v.reason = "no seed in common with the good stage"
         return v
-    missing = [s for s, x in values.items() if x is None]
-    bad = [s for s, x in values.items() if x is not None and not math.isfinite(x)]
-    for seeds, policy, what in ((missing, gate.on_no_data, "no data"), (bad, gate.on_nan, "NaN/Inf")):
-        if seeds and policy == "fail":
-            v.verdict = "fail"
-            v.reason = f"{what} for seed(s) " + ", ".join(
-                f"{s}" + (f" ({notes[s]})" if s in notes else "") for s in seeds)
-            return v
+    failed: dict[int, str] = {}
+    for s, x in values.items():
+        if x is None and gate.on_no_data == "fail":
+            failed[s] = "no data" + (f": {notes[s]}" if s in notes else "")
+        elif x is not None and not math.isfinite(x) and gate.on_nan == "fail":
+            failed[s] = "NaN/Inf" + (f": {notes[s]}" if s in notes else "")
     kept = {s: x for s, x in values.items() if x is not None and math.isfinite(x)}
-    if not kept:
-        v.reason = "no data left once seeds without a finite value are ignored"
+    if gate.aggregate == "all":
+        for s, x in kept.items():
+            if _margin(x, gate) < 0:
+                failed[s] = f"{_fmt(x)} outside {_bounds(gate)}" + (f"; {notes[s]}" if s in notes else "")
+    failed = dict(sorted(failed.items()))
+    v.failed_seeds = {str(s): why for s, why in failed.items()}
+    limit = f"failure_limit {gate.failure_limit}"
+    if len(failed) > gate.failure_limit:
+        v.verdict = "fail"
+        head = ""
+        worst = min(kept, key=lambda s: _margin(kept[s], gate)) if gate.aggregate == "all" and kept else None
+        if worst is not None and _margin(kept[worst], gate) < 0:
+            v.value = kept[worst]
+            head = f"all of {_what(gate)} = {_fmt(v.value)} (seed {worst}), bound {_bounds(gate)}: outside; "
+        v.reason = f"{head}{len(failed)} of {len(values)} seed(s) fail ({limit}): {_seed_list(failed)}"
+        return v
+    ignored = {s: ("no data" if x is None else "NaN/Inf") + (f": {notes[s]}" if s in notes else "")
+               for s, x in values.items() if s not in kept and s not in failed}
+    need = max(gate.min_seeds, 2 if gate.decide_by == "interval" else 1)
+    if len(kept) < need:
+        v.verdict = "inconclusive"
+        out = {**ignored, **{s: why for s, why in failed.items() if s not in kept}}
+        v.reason = (f"too few finite seeds: {len(kept)} of {len(values)} (the gate needs {need})"
+                    + (f"; left out: {_seed_list(dict(sorted(out.items())))}" if out else ""))
         return v
     xs = list(kept.values())
     if gate.aggregate == "all":
@@ -146,23 +202,43 @@ def evaluate_gate(gate: Gate, cur: Results, prev: Results | None, detail: dict[i
         agg = {"mean": statistics.fmean, "median": statistics.median, "min": min, "max": max}[gate.aggregate]
         v.value = float(agg(xs))
         where = ""
+        if gate.aggregate in ("mean", "median"):
+            ci = bootstrap_interval(xs, gate.aggregate, gate.confidence)
+            v.interval = list(ci) if ci is not None else None
     if gate.test != "none":
         neutral = 0.0 if gate.compare == "difference" else 1.0
         sign = 1.0 if gate.min is not None else -1.0  # oriented so that worse is negative
         v.p_value = TESTS[gate.test]([sign * (x - neutral) for x in xs])
-    crossed = _margin(v.value, gate) < 0
     stat = f"{gate.aggregate} of {_what(gate)} = {_fmt(v.value)}{where}, bound {_bounds(gate)}"
+    if v.interval is not None:
+        stat += f", {gate.confidence:.0%} interval [{v.interval[0]:+.4g}, {v.interval[1]:+.4g}]"
     ptxt = f"; {gate.test} test p = {v.p_value:.3g} over {len(xs)} seed(s)" if v.p_value is not None else ""
+    within = f"; {len(failed)} seed(s) failing within {limit}: {_seed_list(failed)}" if failed else ""
+    within += f"; left out: {_seed_list(ignored)}" if ignored else ""
+    if gate.decide_by == "interval":
+        lo, hi = v.interval if v.interval is not None else (v.value, v.value)
+        inside = _margin(lo, gate) >= 0 and _margin(hi, gate) >= 0
+        outside = (gate.min is not None and hi < gate.min) or (gate.max is not None and lo > gate.max)
+        v.verdict = "pass" if inside else "fail" if outside else "inconclusive"
+        what = {"pass": "interval inside", "fail": "interval outside",
+                "inconclusive": "interval straddles the bound"}[v.verdict]
+        v.reason = f"{stat}: {what}{ptxt}{within}"
+        return v
+    if gate.aggregate == "all":  # judged seed by seed above: the failing ones are within the limit
+        v.verdict = "pass"
+        v.reason = f"{stat}: {'inside' if not failed else 'passes'}{within}"
+        return v
+    crossed = _margin(v.value, gate) < 0
     if crossed and gate.alpha is not None and v.p_value is not None and v.p_value >= gate.alpha:
         v.verdict = "pass"
-        v.reason = f"{stat}: crossed, but not significant (p >= alpha {gate.alpha:g}){ptxt}"
+        v.reason = f"{stat}: crossed, but not significant (p >= alpha {gate.alpha:g}){ptxt}{within}"
     elif crossed:
         v.verdict = "fail"
         extra = "; ".join(f"seed {s}: {notes[s]}" for s in kept if s in notes)
-        v.reason = f"{stat}: outside{ptxt}" + (f" ({extra})" if extra else "")
+        v.reason = f"{stat}: outside{ptxt}" + (f" ({extra})" if extra else "") + within
     else:
         v.verdict = "pass"
-        v.reason = f"{stat}: inside{ptxt}"
+        v.reason = f"{stat}: inside{ptxt}{within}"
     return v
 
 

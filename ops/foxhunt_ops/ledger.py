@@ -6,7 +6,8 @@ Tables (``ledger.sqlite`` in the rollout directory)::
     stages     one row per plan stage as resolved at `run`: source, generated flag text and sha256,
                plugins, seeds, steps, gates, skip reason (frozen: a resume never re-reads the plan)
     trials     one row per (stage, seed): status running | done | failed | cancelled, run dir,
-               exit code, error, result (JSON: final metrics, series, baselines), times
+               exit code, error, result (JSON: final metrics, series, baselines), times, the GPU
+               that ran it (its CUDA_VISIBLE_DEVICES; NULL on the CPU)
     decisions  one row per decision, in order: promote | rollback | abort | pause | skip, by the
                controller or an operator, with the reason, every gate's verdict, the stage's
                metrics, the stage's flag hash and the good (last promoted) stage after it
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS trials (
     flags_sha256 TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed', 'cancelled')),
     run_dir TEXT NOT NULL, exit_code INTEGER, error TEXT, result TEXT,
-    started_at TEXT NOT NULL, finished_at TEXT, wall_s REAL,
+    started_at TEXT NOT NULL, finished_at TEXT, wall_s REAL, gpu TEXT,
     PRIMARY KEY (stage_id, seed));
 CREATE TABLE IF NOT EXISTS decisions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, stage_id TEXT NOT NULL REFERENCES stages(stage_id),
@@ -89,6 +90,8 @@ class Ledger:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA foreign_keys=ON")
         db.executescript(SCHEMA)
+        if "gpu" not in {r["name"] for r in db.execute("PRAGMA table_info(trials)")}:  # a ledger from before it
+            db.execute("ALTER TABLE trials ADD COLUMN gpu TEXT")
         led = cls(path, db)
         version = led.meta().get("schema_version")
         if version is not None and int(version) != SCHEMA_VERSION:
@@ -119,10 +122,11 @@ class Ledger:
         return "plan_sha256" in self.meta()
 
     def initialise(self, plan_path: str, plan_name: str, plan_sha: str, plan_text: str,
-                   stages: list[ResolvedStage]) -> None:
-        """Record the plan and its resolved stages, all at once (a crash leaves all or nothing)."""
+                   stages: list[ResolvedStage], extra: dict[str, str] | None = None) -> None:
+        """Record the plan and its resolved stages, all at once (a crash leaves all or nothing);
+        ``extra``: more meta entries (the command line's overrides of the plan)."""
         meta = {"schema_version": str(SCHEMA_VERSION), "plan_path": plan_path, "plan_name": plan_name,
-                "plan_sha256": plan_sha, "plan_text": plan_text, "created_at": now()}
+                "plan_sha256": plan_sha, "plan_text": plan_text, "created_at": now(), **(extra or {})}
         stmts: list[tuple[str, tuple[Any, ...]]] = [("INSERT INTO meta VALUES (?, ?)", kv) for kv in meta.items()]
         stmts += [("INSERT INTO stages VALUES (?, ?, ?, ?, ?, ?)",
                    (s.index, s.stage_id, dumps(s.to_json()), None if s.skip_reason else s.flags_file,
@@ -155,15 +159,15 @@ class Ledger:
                       ON CONFLICT (stage_id, seed) DO UPDATE SET
                         steps = excluded.steps, flags_sha256 = excluded.flags_sha256, status = 'running',
                         run_dir = excluded.run_dir, exit_code = NULL, error = NULL, result = NULL,
-                        started_at = excluded.started_at, finished_at = NULL, wall_s = NULL
+                        started_at = excluded.started_at, finished_at = NULL, wall_s = NULL, gpu = NULL
                       WHERE trials.status NOT IN ('done', 'failed')""",
                    (spec.stage_id, spec.seed, spec.steps, spec.flags_sha256, run_dir, now()))])
 
     def trial_finished(self, out: TrialOutcome) -> None:
         self._tx([("""UPDATE trials SET status = ?, exit_code = ?, error = ?, result = ?, finished_at = ?,
-                      wall_s = ? WHERE stage_id = ? AND seed = ? AND status = 'running'""",
+                      wall_s = ?, gpu = ? WHERE stage_id = ? AND seed = ? AND status = 'running'""",
                    (out.status, out.exit_code, out.error, dumps(out.result) if out.result is not None else None,
-                    now(), out.wall_s, out.stage_id, out.seed))])
+                    now(), out.wall_s, out.gpu, out.stage_id, out.seed))])
 
     def trials_cancelled(self, keys: list[tuple[str, int]]) -> None:
         self._tx([("UPDATE trials SET status = 'cancelled' WHERE stage_id = ? AND seed = ? AND status = 'running'",
@@ -206,11 +210,11 @@ class Ledger:
     # ------------------------------------------------------------------ comparison
     def snapshot(self) -> dict[str, Any]:
         """The ledger without what differs between two runs of the same plan: timestamps, timings
-        (wall seconds, throughput) and the session log. Two rollouts of one plan — interrupted and
-        resumed or not, local or on Ray — have equal snapshots."""
+        (wall seconds, throughput), the GPU each trial ran on and the session log. Two rollouts of
+        one plan — interrupted and resumed or not, local or on Ray — have equal snapshots."""
         trials = []
         for t in self.trials():
-            t = {k: v for k, v in t.items() if k not in ("started_at", "finished_at", "wall_s")}
+            t = {k: v for k, v in t.items() if k not in ("started_at", "finished_at", "wall_s", "gpu")}
             if t["result"]:
                 t["result"] = {**t["result"], "final": {k: v for k, v in t["result"]["final"].items()
                                                        if k not in VOLATILE_METRICS}}

@@ -1,10 +1,12 @@
 """What a trial measured: the metrics gates can name, read from a finished run directory.
 
 A trial is one ``foxhunt train`` run. Its run directory holds ``run.json``, ``metrics.json``
-(a Q-statistics record every ``stats_every`` updates), ``eval.json`` (the test-split table and
-``updates_per_second``) and ``checkpoint.safetensors``. :func:`read_result` turns them into one
-JSON-able *result*: the final value of every metric of :data:`METRICS`, the series the report
-plots, and the baselines' returns. Non-finite numbers are stored as the strings ``"NaN"``,
+(a Q-statistics record every ``stats_every`` updates), ``eval.json`` (the test-split table,
+the value-bias record of :mod:`foxhunt_core.value_bias` and ``updates_per_second``),
+``checkpoint.safetensors`` and, for a warm-started trial, ``warm_start.json``
+(:mod:`foxhunt_core.warmstart`). :func:`read_result` turns them into one JSON-able *result*: the
+final value of every metric of :data:`METRICS`, the series the report plots, the baselines'
+returns, the value-bias record and the warm-start record. Non-finite numbers are stored as the strings ``"NaN"``,
 ``"Infinity"`` and ``"-Infinity"`` so that the ledger holds strict JSON; :func:`metric_value`
 turns them back into floats.
 """
@@ -34,6 +36,11 @@ METRICS: dict[str, Metric] = {
         "raw Q-mean drift at the end of training: mean expected Q read before any pre_attention stage, "
         "minus its value in the first Q-statistics record (metrics.json, last record)"),
     "raw_q_drift_peak": Metric("largest |raw Q-mean drift| over all Q-statistics records"),
+    "value_bias": Metric(
+        "value bias on the test split's evaluation walk (eval.json, foxhunt_core.value_bias): mean over the walk's "
+        "states of the raw expected Q of the actions taken minus the realized discounted return from the state, "
+        "over the standard deviation of that return (0: Q predicts the returns on average; > 0 overestimates)"),
+    "coordinated_value_bias": Metric("value bias of coordinated Q (after attention and post-attention stages)"),
     "atom_utilization": Metric(
         "atom utilization of the last Q-statistics record: mean over samples and actions of the fraction "
         "of atoms whose probability is at least train.atom_mass_threshold / num_atoms (1 = every atom "
@@ -102,6 +109,18 @@ def _non_finite_params(ckpt: Path) -> tuple[int, list[str]]:
     return count, names
 
 
+def _warm_start(run_dir: Path) -> dict[str, Any] | None:
+    """The run's warm-start record (foxhunt_core.warmstart), without the checkpoint's path."""
+    path = run_dir / "warm_start.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: unreadable warm-start record ({exc})") from None
+    return {k: v for k, v in doc.items() if k != "source"}
+
+
 def read_result(run_dir: Path) -> dict[str, Any]:
     """The result of a finished run directory; raises ``ValueError`` when a file is missing or bad."""
     run_dir = Path(run_dir)
@@ -116,10 +135,13 @@ def read_result(run_dir: Path) -> dict[str, Any]:
     n_metrics, f_metrics = _non_finite_fields(records)
     n_eval = sum(1 for v in policy.values() if not math.isfinite(float(v)))
     n_params, f_params = _non_finite_params(run_dir / "checkpoint.safetensors")
+    bias = ev.get("value_bias") or {}
     drifts = [abs(float(r["raw_q_drift"])) for r in records if "raw_q_drift" in r]
     final = {
         "raw_q_drift": last.get("raw_q_drift"),
         "raw_q_drift_peak": (float("nan") if any(math.isnan(d) for d in drifts) else max(drifts)) if drifts else None,
+        "value_bias": bias.get("value_bias"),
+        "coordinated_value_bias": bias.get("coordinated_value_bias"),
         "atom_utilization": last.get("atom_utilization"),
         "loss": last.get("loss"),
         "non_finite": n_metrics + n_eval + n_params,
@@ -135,6 +157,8 @@ def read_result(run_dir: Path) -> dict[str, Any]:
         "series": {"step": [int(r["step"]) for r in records],
                    **{k: [num(r.get(k)) for r in records] for k in SERIES}},
         "baselines": {k: num(v.get("total_return")) for k, v in ev["policies"].items() if k != "policy"},
+        "value_bias": {k: num(v) if isinstance(v, float) else v for k, v in bias.items()},
+        "warm_start": _warm_start(run_dir),
         "plugins": list(run.get("plugins", [])),
         "device": ev.get("device"),
         "flags_sha256": run.get("flags_sha256"),

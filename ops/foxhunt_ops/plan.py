@@ -46,16 +46,23 @@ PLAN_VERSION = 1
 NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 DEFAULT_GATES: tuple[dict[str, Any], ...] = (
-    {"name": "raw_q_drift", "metric": "raw_q_drift", "aggregate": "all", "min": -0.1, "max": 0.1,
-     "description": "DESIGN.md: raw Q-mean drift within ±0.1 in every seed."},
+    {"name": "value_bias", "metric": "value_bias", "aggregate": "all", "min": -1.0, "max": 1.0,
+     "description": "DESIGN.md: value bias — mean predicted Q of the actions taken minus the realized discounted "
+                    "return from those states, over the return's standard deviation, on the test split's "
+                    "evaluation walk — within ±1 in every seed: the value estimates neither run away from nor lag "
+                    "far behind the returns they predict."},
+    {"name": "raw_q_drift", "metric": "raw_q_drift", "aggregate": "all", "min": -0.1, "max": 0.1, "dry_run": True,
+     "description": "Reported, never blocking: raw Q-mean drift (before any pre_attention stage). A rising mean Q "
+                    "is what a policy that learns to profit shows; value_bias is the health signal."},
     {"name": "atom_utilization", "metric": "atom_utilization", "aggregate": "all", "min": 0.5,
      "description": "DESIGN.md: atom utilization at least 50 % in every seed."},
     {"name": "finite", "metric": "non_finite", "aggregate": "max", "max": 0,
      "description": "DESIGN.md: no NaN/Inf in loss, Q-statistics, evaluation or parameters."},
     {"name": "eval_return", "metric": "eval_return", "compare": "difference", "aggregate": "mean",
-     "min": -0.05, "test": "sign",
-     "description": "DESIGN.md: test-split return not worse than the last good stage (paired by seed) "
-                    "by more than 0.05."},
+     "min": -0.05, "test": "sign", "decide_by": "interval",
+     "description": "DESIGN.md: test-split return not worse than the last good stage (paired by seed) by more than "
+                    "0.05: the bootstrap interval of the mean paired difference above -0.05 passes, wholly below "
+                    "fails, straddling it is inconclusive."},
     {"name": "throughput", "metric": "steady_updates_per_second", "compare": "ratio", "aggregate": "median",
      "min": 0.85, "description": "DESIGN.md: throughput at least 85 % of the last good stage's (paired by seed); "
                                  "after each run's first update, so one-off compilation and GEMM tuning do not count."},
@@ -96,6 +103,19 @@ class Gate(BaseModel):
         "seed out (no seed left: the gate is skipped).")
     on_nan: Literal["fail", "ignore"] = Field(
         "fail", description="A seed whose value is NaN/Inf: fail the gate, or leave the seed out.")
+    failure_limit: int = Field(
+        0, ge=0, description="Seeds that may fail the gate without failing it (Argo Rollouts' failureLimit): a "
+        "seed fails when its value is outside the bounds (aggregate: all), or is missing / NaN under on_no_data / "
+        "on_nan: fail.")
+    min_seeds: int = Field(
+        1, ge=1, description="Seeds with a finite value needed to judge; fewer makes the gate inconclusive (the "
+        "stage pauses for an operator).")
+    decide_by: Literal["value", "interval"] = Field(
+        "value", description="value: the aggregate against the bounds (with alpha, a crossed bound blocks only when "
+        "the test is significant); interval: the bootstrap interval of the aggregate (mean or median) inside the "
+        "bounds passes, wholly outside fails, straddling a bound is inconclusive.")
+    confidence: float = Field(0.9, gt=0.5, lt=1, description="Confidence level of the bootstrap interval reported "
+                              "(and, with decide_by: interval, decided by).")
     description: str = Field("", description="Why the gate exists (shown in reports).")
 
     @field_validator("metric")
@@ -117,6 +137,10 @@ class Gate(BaseModel):
             raise ValueError("a statistical test needs one bound (min: worse is lower; max: worse is higher)")
         if self.alpha is not None and self.test == "none":
             raise ValueError("alpha needs a test (sign or wilcoxon)")
+        if self.decide_by == "interval" and self.aggregate not in ("mean", "median"):
+            raise ValueError("decide_by: interval needs aggregate: mean or median (the statistic the interval is of)")
+        if self.decide_by == "interval" and self.alpha is not None:
+            raise ValueError("alpha decides by the test's p-value; with decide_by: interval the interval decides")
         return self
 
     @property
@@ -138,6 +162,9 @@ class StageSpec(BaseModel):
     steps: int | None = Field(None, ge=1, description="Gradient updates per trial (default: the plan's).")
     pause: bool = Field(False, description="After the gates pass, wait for `foxhunt rollout promote`.")
     gates: list[dict[str, Any]] = Field(default_factory=list, description="Gate patches for this stage.")
+    init_from: Literal["scratch", "good"] | None = Field(
+        None, description="scratch: fresh parameters; good: each seed's trial starts from the last promoted stage's "
+        "final checkpoint for that seed (default: the plan's).")
     note: str = Field("", description="Free text shown in status and reports.")
 
     @model_validator(mode="after")
@@ -159,7 +186,18 @@ class PlanFile(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="Seeds of every stage.")
     steps: int | None = Field(None, ge=1, description="Gradient updates per trial (default: the flag file's).")
     workers: int | None = Field(None, ge=1, description="Trials at once with the local backend (default: CPU count).")
+    workers_per_gpu: int = Field(1, ge=1, description="CUDA trials at once on each GPU (local backend: each trial "
+                                 "process sees one GPU; Ray: each trial asks for 1/workers_per_gpu of a GPU).")
+    gpu_memory_fraction: float | None = Field(
+        None, gt=0, le=1, description="Share of its GPU's memory a CUDA trial may allocate (CuPy's pool limit); "
+        "default 0.9 / workers_per_gpu.")
     trial_timeout_s: float | None = Field(None, gt=0, description="A trial running longer is killed and failed.")
+    init_from: Literal["scratch", "good"] = Field(
+        "scratch", description="Every stage's default: scratch (fresh parameters) or good (warm start from the last "
+        "promoted stage's final checkpoint of the same seed; the new plugins' parameters at their init).")
+    on_no_data: Literal["fail", "ignore"] | None = Field(
+        None, description="The no-data policy of every gate that does not set its own: a failed or killed trial "
+        "fails the gate (fail, the default) or is left out (ignore).")
     run: dict[str, Any] = Field(default_factory=dict, description="Run settings merged into every stage's flag file.")
     gates: list[dict[str, Any]] = Field(default_factory=list, description="Patches of the default gates, by name.")
     stages: list[StageSpec] = Field(min_length=1, description="The stages, in rollout order.")
@@ -210,8 +248,9 @@ def _message(err: dict[str, Any]) -> str:
 
 
 def _gate_problems(layers: list[tuple[list[Any], tuple[Any, ...]]], doc: YamlDoc, path: str,
-                   problems: list[str]) -> list[Gate]:
-    """Merge gate layers by name and validate the result; problems point at the layer's lines."""
+                   problems: list[str], fill: dict[str, Any] | None = None) -> list[Gate]:
+    """Merge gate layers by name and validate the result; problems point at the layer's lines.
+    ``fill`` holds plan-wide defaults for the fields no layer sets."""
     merged: dict[str, dict[str, Any]] = {}
     origin: dict[str, dict[str, tuple[Any, ...]]] = {}
     entry: dict[str, tuple[Any, ...]] = {}
@@ -233,6 +272,7 @@ def _gate_problems(layers: list[tuple[list[Any], tuple[Any, ...]]], doc: YamlDoc
             entry[name] = loc
     gates = []
     for name, data in merged.items():
+        data = {**(fill or {}), **data}
         try:
             g = Gate.model_validate(data)
         except ValidationError as exc:
@@ -273,7 +313,8 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
     plan = Plan(path=path, text=text, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), spec=spec, doc=doc)
     for i, st in enumerate(spec.stages):
         layers = [(list(DEFAULT_GATES), ()), (spec.gates, ("gates",)), (st.gates, ("stages", i, "gates"))]
-        plan.stage_gates.append(_gate_problems(layers, doc, path, problems))
+        fill = {"on_no_data": spec.on_no_data} if spec.on_no_data else None
+        plan.stage_gates.append(_gate_problems(layers, doc, path, problems, fill))
         if st.seeds is not None and len(set(st.seeds)) != len(st.seeds):
             loc = ("stages", i, "seeds")
             problems.append(problem(path, doc.line_of(loc), loc, "seeds must be unique"))

@@ -44,11 +44,11 @@ def _bounds(ax: Any, gate: dict[str, Any] | None) -> None:
 
 def stage_figure(stage_id: str, results: dict[int, Any], prev: dict[int, Any] | None, prev_id: str | None,
                  gates: dict[str, dict[str, Any]]) -> str:
-    """Four panels: raw Q-mean drift and atom utilization over training (one line per seed),
-    test return per seed and throughput per seed (this stage beside the good stage it was judged
+    """Five panels: raw Q-mean drift and atom utilization over training (one line per seed), test
+    return, value bias and throughput per seed (this stage beside the good stage it was judged
     against); dashed red lines are the gates' bounds."""
-    fig = Figure(figsize=(13, 2.9))
-    axes = fig.subplots(1, 4)
+    fig = Figure(figsize=(16, 2.9))
+    axes = fig.subplots(1, 5)
     seeds = sorted(results)
     for k, (metric, title) in enumerate((("raw_q_drift", "raw Q-mean drift"),
                                          ("atom_utilization", "atom utilization"))):
@@ -65,7 +65,8 @@ def stage_figure(stage_id: str, results: dict[int, Any], prev: dict[int, Any] | 
         ax.tick_params(labelsize=7)
         _legend(ax)
     for k, (metric, title) in ((2, ("eval_return", "test return per seed")),
-                               (3, ("steady_updates_per_second", "throughput after the first update (updates/s)"))):
+                               (3, ("value_bias", "value bias per seed (mean Q - return) / std")),
+                               (4, ("steady_updates_per_second", "throughput after the first update (updates/s)"))):
         ax = axes[k]
         width = 0.38
         xs = list(range(len(seeds)))
@@ -78,6 +79,9 @@ def stage_figure(stage_id: str, results: dict[int, Any], prev: dict[int, Any] | 
             hold = _floats([(results[s] or {}).get("baselines", {}).get("buy_and_hold") for s in seeds])
             ax.plot(xs, hold, "k_", ms=14, label="buy & hold")
             ax.axhline(0, color="#555555", lw=0.6)
+        if metric == "value_bias":
+            _bounds(ax, next((g for g in gates.values() if g["metric"] == metric and g["compare"] == "absolute"), None))
+            ax.axhline(0, color="#555555", lw=0.6)
         ax.set_xticks(xs, [f"seed {s}" for s in seeds], fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
@@ -88,11 +92,12 @@ def stage_figure(stage_id: str, results: dict[int, Any], prev: dict[int, Any] | 
 
 
 def overview_figure(stage_ids: list[str], by_stage: dict[str, dict[int, Any]]) -> str:
-    """Test return and throughput of every judged stage, one line per seed across stages."""
-    fig = Figure(figsize=(10, 2.8))
-    axes = fig.subplots(1, 2)
+    """Test return, value bias and throughput of every judged stage, one line per seed across stages."""
+    fig = Figure(figsize=(14, 2.8))
+    axes = fig.subplots(1, 3)
     seeds = sorted({s for res in by_stage.values() for s in res})
     panels = (("eval_return", "test return by stage (lines join a seed)"),
+              ("value_bias", "value bias by stage"),
               ("steady_updates_per_second", "throughput by stage (updates/s after the first)"))
     for ax, (metric, title) in zip(axes, panels):
         for i, seed in enumerate(seeds):

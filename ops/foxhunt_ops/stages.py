@@ -43,6 +43,8 @@ class ResolvedStage:
     steps: int | None
     gates: list[Gate] = field(default_factory=list)
     pause: bool = False
+    init_from: str = "scratch"
+    """scratch, or good: warm-started from the last promoted stage's checkpoints (see the controller)."""
     note: str = ""
     skip_reason: str | None = None
 
@@ -95,7 +97,8 @@ def resolve_stages(plan: Plan) -> list[ResolvedStage]:
     for i, st in enumerate(plan.spec.stages):
         loc = ("stages", i)
         seeds, steps = plan.seeds_of(i), st.steps or plan.spec.steps
-        common = dict(index=i, seeds=seeds, steps=steps, gates=plan.stage_gates[i], pause=st.pause, note=st.note)
+        common = dict(index=i, seeds=seeds, steps=steps, gates=plan.stage_gates[i], pause=st.pause, note=st.note,
+                      init_from=st.init_from or plan.spec.init_from)
         if st.stage is not None:
             n = st.stage
             sid = st.id or f"stage-{n}"

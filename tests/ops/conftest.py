@@ -11,19 +11,22 @@ from rollout_helpers import SMOKE, invoke
 
 @pytest.fixture(scope="session")
 def nan_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory that, on sys.path, installs the nan_probe plugin through a real entry point."""
+    """A directory that, on sys.path, installs the fault-injection plugins (nan_probe, kill_probe)
+    through real entry points."""
     site = tmp_path_factory.mktemp("nan_site")
-    shutil.copy(Path(__file__).parent / "fixtures" / "foxhunt_nan_probe.py", site / "foxhunt_nan_probe.py")
-    info = site / "foxhunt_nan_probe-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: foxhunt-nan-probe\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text("[foxhunt.plugins]\nnan_probe = foxhunt_nan_probe\n")
+    for name in ("nan_probe", "kill_probe"):
+        shutil.copy(Path(__file__).parent / "fixtures" / f"foxhunt_{name}.py", site / f"foxhunt_{name}.py")
+        info = site / f"foxhunt_{name}-0.0.1.dist-info"
+        info.mkdir()
+        dist = name.replace("_", "-")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: foxhunt-{dist}\nVersion: 0.0.1\n")
+        (info / "entry_points.txt").write_text(f"[foxhunt.plugins]\n{name} = foxhunt_{name}\n")
     return site
 
 
 @pytest.fixture()
 def with_nan_plugin(nan_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Make nan_probe discoverable here and in every trial process started by this test."""
+    """Make the fault-injection plugins discoverable here and in every trial process started by this test."""
     monkeypatch.syspath_prepend(str(nan_site))
     monkeypatch.setenv("PYTHONPATH", str(nan_site))
     monkeypatch.delenv("FOXHUNT_PLUGINS", raising=False)

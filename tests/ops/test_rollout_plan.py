@@ -51,6 +51,11 @@ def test_the_default_plan_walks_stages_0_to_9_and_skips_what_is_not_installed():
         ("  - {name: eval_return, aggregate: average}\n", 6, "gates.0.aggregate: Input should be 'mean'"),
         ("  - {name: finite, dry_run: maybe}\n", 6, "gates.0.dry_run: Input should be a valid boolean"),
         ("  - just a string\n", 6, "gates.0: Input should be a valid dictionary"),
+        ("  - {name: finite, decide_by: interval}\n", 6, "gates.0: decide_by: interval needs aggregate: mean"),
+        ("  - {name: eval_return, alpha: 0.05}\n", 6, "gates.0: alpha decides by the test's p-value; with "
+                                                   "decide_by: interval the interval decides"),
+        ("  - {name: finite, failure_limit: -1}\n", 6, "gates.0.failure_limit: Input should be greater than"),
+        ("  - {name: finite, min_seeds: 0}\n", 6, "gates.0.min_seeds: Input should be greater than or equal to 1"),
     ],
 )
 def test_a_malformed_gate_is_refused_with_file_line_and_path(gates, line, message):
@@ -75,6 +80,10 @@ def test_stage_level_gate_patches_point_at_the_stage():
         ("colour: red\nstages:\n  - stage: 0\n", "p.yaml:5: colour: unknown key (expected one of: version"),
         ("run:\n  train: {stepz: 3}\nstages:\n  - stage: 0\n", "p.yaml:6: run.train.stepz: Extra inputs"),
         ("stages:\n  - {stage: 0, seeds: [1, 1]}\n", "p.yaml:6: stages.0.seeds: seeds must be unique"),
+        ("init_from: warm\nstages:\n  - stage: 0\n", "p.yaml:5: init_from: Input should be 'scratch' or 'good'"),
+        ("stages:\n  - {stage: 0, init_from: hot}\n", "p.yaml:6: stages.0.init_from: Input should be 'scratch'"),
+        ("workers_per_gpu: 0\nstages:\n  - stage: 0\n", "p.yaml:5: workers_per_gpu: Input should be greater"),
+        ("gpu_memory_fraction: 1.5\nstages:\n  - stage: 0\n", "p.yaml:5: gpu_memory_fraction: Input should be less"),
     ],
 )
 def test_other_plan_problems(body, expected):
@@ -109,8 +118,27 @@ def test_dry_run_prints_the_stages_and_gates_and_writes_nothing(tmp_path: Path, 
     assert res.exit_code == 0, res.output
     reg = discover()
     order = reg.rollout_order()
-    gap = next(i for i, n in enumerate(order) if n not in reg.plugins)  # stages 0..gap run, 3 seeds each
-    assert f"10 stage(s), {3 * (gap + 1)} trial(s)" in res.output
+    gap = next(i for i, n in enumerate(order) if n not in reg.plugins)  # stages 0..gap run, 5 seeds each
+    assert f"10 stage(s), {5 * (gap + 1)} trial(s), device auto, 5 trial(s) per GPU" in res.output
+    assert "seeds 0,1,2,3,4  3000 updates\n" in res.output  # stage 0: nothing to warm-start from
+    assert "3000 updates  warm start from the good stage" in res.output
+    assert "value_bias        value_bias (absolute, all) min -1 max 1\n" in res.output
+    assert "raw_q_drift       raw_q_drift (absolute, all) min -0.1 max 0.1  [dry run]" in res.output
     assert f"SKIP: stage 9 needs {order[gap]} (position {gap + 1}), " in res.output
-    assert "eval_return       eval_return (difference, mean) min -0.05, sign test" in res.output
+    assert "eval_return       eval_return (difference, mean) min -0.05, sign test, decided by its interval" \
+        in res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_init_from_and_the_plan_wide_no_data_policy_reach_every_stage():
+    text = (HEAD + "init_from: good\non_no_data: ignore\ngates:\n  - {name: finite, on_no_data: fail}\n"
+            + "stages:\n  - stage: 0\n  - stage: 1\n    init_from: scratch\n"
+            + "    gates: [{name: value_bias, on_no_data: fail}]\n")
+    plan = parse_plan(text, "p.yaml")
+    assert [st.init_from for st in plan.spec.stages] == [None, "scratch"]
+    stages = resolve_stages(plan)
+    assert [s.init_from for s in stages] == ["good", "scratch"]
+    policy = [{g.name: g.on_no_data for g in gates} for gates in plan.stage_gates]
+    assert (policy[0]["finite"], policy[0]["value_bias"], policy[0]["eval_return"]) == ("fail", "ignore", "ignore")
+    assert policy[1]["value_bias"] == "fail" and policy[1]["atom_utilization"] == "ignore"
+    assert {g.name for g in plan.stage_gates[0]} == {d["name"] for d in DEFAULT_GATES}

@@ -29,6 +29,7 @@ MANIFEST = PluginManifest(
     kernels=(),
     requires=Requires(plugins=(), core=">=0.1,<0.2"),
     description="Raises the C51 entropy coefficient while the atom-utilization EMA is low (plan Task 11).",
+    starts_as_identity=True,  # it changes the loss only: a warm-started stage keeps the good stage's Q at step 0
 )
 
 
