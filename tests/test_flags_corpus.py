@@ -57,7 +57,7 @@ EXPECTED: dict[str, list[tuple[int, str, str]]] = {
     "not-a-mapping.yaml": [(1, "<root>", "expected a mapping, got list")],
     "version-2.yaml": [(1, "version", "unsupported flag-file version 2")],
     "missing-version.yaml": [(1, "version", "Field required")],
-    "python-tag.yaml": [(2, "<root>", "could not determine a constructor for the tag")],
+    "python-tag.yaml": [(2, "run", "tag !!python/object/apply:os.system is not allowed")],
     "two-documents.yaml": [(2, "<root>", "expected a single document")],
 }
 
