@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from foxhunt_core.config import RunSettings
 from foxhunt_core.flagyaml import MAX_BYTES, YamlDoc, YamlProblem, read_yaml
+from foxhunt_core.safeio import FileProblem, read_regular
 
 from .errors import PlanError
 from .metrics import METRICS
@@ -264,12 +265,17 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
     if not isinstance(doc.data, dict):
         what = "empty plan" if doc.data is None else f"expected a mapping, got {type(doc.data).__name__}"
         raise PlanError([problem(path, 1, (), what)])
+    from .plan_checks import run_bound_problems, written_problems
+
+    written = [problem(path, doc.line_of(loc), loc, msg) for loc, msg in written_problems(doc.data, PlanFile, Gate)]
     try:
         spec = PlanFile.model_validate(doc.data)
     except ValidationError as exc:
-        raise PlanError([problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e))
-                         for e in exc.errors()]) from None
-    problems = _run_problems(spec.run, doc, path)
+        raise PlanError(list(dict.fromkeys(
+            [problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e)) for e in exc.errors()]
+            + written))) from None
+    problems = written + _run_problems(spec.run, doc, path)
+    problems += [problem(path, doc.line_of(loc), loc, msg) for loc, msg in run_bound_problems(spec.run)]
     plan = Plan(path=path, text=text, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), spec=spec, doc=doc)
     for i, st in enumerate(spec.stages):
         layers = [(list(DEFAULT_GATES), ()), (spec.gates, ("gates",)), (st.gates, ("stages", i, "gates"))]
@@ -286,11 +292,9 @@ def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file (see :func:`parse_plan`)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise PlanError([problem(str(p), 1, (), f"cannot read ({exc.strerror})")]) from None
-    if len(raw) > MAX_BYTES:
-        raise PlanError([problem(str(p), 1, (), f"file is {len(raw)} bytes, larger than the limit of {MAX_BYTES}")])
+        raw = read_regular(p, MAX_BYTES)
+    except FileProblem as exc:
+        raise PlanError([problem(str(p), 1, (), str(exc))]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
