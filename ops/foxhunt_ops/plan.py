@@ -73,7 +73,7 @@ def problem(path: str, line: int, loc: tuple[Any, ...], msg: str) -> str:
 class Gate(BaseModel):
     """One health gate: a metric, how it is aggregated over seeds, and its bounds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,47}$", description="Gate name (unique in a stage).")
     metric: str = Field(description=f"Per-trial metric the gate reads: {', '.join(METRICS)}.")
@@ -138,6 +138,7 @@ class StageSpec(BaseModel):
     seeds: list[int] | None = Field(None, min_length=1, description="Seeds of this stage (default: the plan's).")
     steps: int | None = Field(None, ge=1, description="Gradient updates per trial (default: the plan's).")
     pause: bool = Field(False, description="After the gates pass, wait for `foxhunt rollout promote`.")
+    retries: int | None = Field(None, ge=0, le=10, description="Reruns of a trial that died (default: the plan's).")
     gates: list[dict[str, Any]] = Field(default_factory=list, description="Gate patches for this stage.")
     note: str = Field("", description="Free text shown in status and reports.")
 
@@ -161,6 +162,8 @@ class PlanFile(BaseModel):
     steps: int | None = Field(None, ge=1, description="Gradient updates per trial (default: the flag file's).")
     workers: int | None = Field(None, ge=1, description="Trials at once with the local backend (default: CPU count).")
     trial_timeout_s: float | None = Field(None, gt=0, description="A trial running longer is killed and failed.")
+    retries: int = Field(1, ge=0, le=10, description="Reruns of a trial that died without a verdict (killed, crashed, "
+                                                     "timed out; not one that refused its input, exit 2).")
     run: dict[str, Any] = Field(default_factory=dict, description="Run settings merged into every stage's flag file.")
     gates: list[dict[str, Any]] = Field(default_factory=list, description="Patches of the default gates, by name.")
     stages: list[StageSpec] = Field(min_length=1, description="The stages, in rollout order.")
@@ -198,6 +201,12 @@ class Plan:
 
     def seeds_of(self, i: int) -> list[int]:
         return list(self.spec.stages[i].seeds or self.spec.seeds)
+
+
+def retries_of(plan: Plan, index: int) -> int:
+    """How often a trial of stage ``index`` that died is run again."""
+    own = plan.spec.stages[index].retries if index < len(plan.spec.stages) else None
+    return plan.spec.retries if own is None else own
 
 
 def _message(err: dict[str, Any]) -> str:
@@ -265,7 +274,7 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
     if not isinstance(doc.data, dict):
         what = "empty plan" if doc.data is None else f"expected a mapping, got {type(doc.data).__name__}"
         raise PlanError([problem(path, 1, (), what)])
-    from .plan_checks import run_bound_problems, written_problems
+    from .plan_checks import run_bound_problems, spec_problems, written_problems
 
     written = [problem(path, doc.line_of(loc), loc, msg) for loc, msg in written_problems(doc.data, PlanFile, Gate)]
     try:
@@ -275,7 +284,8 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             [problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e)) for e in exc.errors()]
             + written))) from None
     problems = written + _run_problems(spec.run, doc, path)
-    problems += [problem(path, doc.line_of(loc), loc, msg) for loc, msg in run_bound_problems(spec.run)]
+    problems += [problem(path, doc.line_of(loc), loc, msg)
+                 for loc, msg in run_bound_problems(spec.run) + spec_problems(spec)]
     plan = Plan(path=path, text=text, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), spec=spec, doc=doc)
     for i, st in enumerate(spec.stages):
         layers = [(list(DEFAULT_GATES), ()), (spec.gates, ("gates",)), (st.gates, ("stages", i, "gates"))]

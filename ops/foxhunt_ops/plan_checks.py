@@ -50,3 +50,18 @@ def _paths(data: Any, loc: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     if isinstance(data, dict):
         return [p for k, v in data.items() for p in _paths(v, loc + (k,))]
     return [loc]
+
+
+def spec_problems(spec: Any) -> list[Problem]:
+    """Seeds and step budgets a trial's ``foxhunt train --seed S --steps N`` would refuse."""
+    lo, hi = validation.BOUNDS[("seed",)]
+    top = validation.BOUNDS[("train", "steps")][1]
+    out: list[Problem] = []
+    places = [((), spec.seeds, spec.steps)] + [(("stages", i), st.seeds, st.steps) for i, st in enumerate(spec.stages)]
+    for base, seeds, steps in places:
+        for j, seed in enumerate(seeds or []):
+            if not lo <= seed <= hi:
+                out.append((base + ("seeds", j), f"a seed must be between 0 and 2^63-1, not {seed}"))
+        if steps is not None and top is not None and steps > top:
+            out.append((base + ("steps",), f"must be at most {top:.0f}"))
+    return out
