@@ -199,45 +199,56 @@ def _elements(s: RunSettings) -> list[tuple[Loc, int, str]]:
 
 
 def settings_problems(s: RunSettings) -> list[Problem]:
-    """Bounds, cross-field rules and the memory check for validated settings (module docstring)."""
+    """Bounds, cross-field rules and the memory check for validated settings (module docstring).
+
+    A rule that involves a setting already out of its bounds is not reported (it would only
+    repeat that problem); the memory check runs once everything else holds."""
     out = bound_problems(s)
+    bad = {loc for loc, _ in out}
     n, e, t, m = s.net, s.env, s.train, s.market
+
+    def rule(loc: Loc, msg: str, *involves: Loc) -> None:
+        if loc not in bad and not bad.intersection(involves):
+            out.append((loc, msg))
+
     if n.state_dim != schema.STATE_DIM:
-        out.append((("net", "state_dim"), f"must be {schema.STATE_DIM}, the width of the feature schema "
-                                          f"(foxhunt_core.market.schema)"))
+        rule(("net", "state_dim"), f"must be {schema.STATE_DIM}, the width of the feature schema "
+                                   "(foxhunt_core.market.schema)")
     want = (3, len(e.position_sizes), 3, len(e.urgency_bars))
     if tuple(n.branch_sizes) != want:
-        out.append((("net", "branch_sizes"), f"must be {list(want)}: the environment's actions are 3 directions, "
-                                             f"one magnitude per env.position_sizes entry, 3 order types and one "
-                                             f"urgency per env.urgency_bars entry"))
+        rule(("net", "branch_sizes"), f"must be {list(want)}: the environment's actions are 3 directions, one "
+                                      "magnitude per env.position_sizes entry, 3 order types and one urgency per "
+                                      "env.urgency_bars entry")
     for i, b in enumerate(t.adam_betas):
         if not 0 <= b < 1:
-            out.append((("train", "adam_betas", i), f"must be in [0, 1), not {b:g}"))
+            rule(("train", "adam_betas", i), f"must be in [0, 1), not {b:g}")
     if t.tau_min > t.tau:
-        out.append((("train", "tau_min"), f"must not exceed tau ({t.tau_min:g} > {t.tau:g}): the temperature "
-                                          "anneals from tau down to tau_min"))
+        rule(("train", "tau_min"), f"must not exceed tau ({t.tau_min:g} > {t.tau:g}): the temperature anneals "
+                                   "from tau down to tau_min", ("train", "tau"))
     if t.liquid_tau_min > t.liquid_tau_max:
-        out.append((("train", "liquid_tau_min"), f"must not exceed liquid_tau_max ({t.liquid_tau_min:g} > "
-                                                 f"{t.liquid_tau_max:g})"))
+        rule(("train", "liquid_tau_min"), f"must not exceed liquid_tau_max ({t.liquid_tau_min:g} > "
+                                          f"{t.liquid_tau_max:g})", ("train", "liquid_tau_max"))
     for i, p in enumerate(e.position_sizes):
         if not 0 < p <= 1:
-            out.append((("env", "position_sizes", i), f"must be in (0, 1] (a fraction of max notional), not {p:g}"))
+            rule(("env", "position_sizes", i), f"must be in (0, 1] (a fraction of max notional), not {p:g}")
     for i, u in enumerate(e.urgency_bars):
         if not 1 <= u <= e.episode_len:
-            out.append((("env", "urgency_bars", i), f"must be between 1 and env.episode_len ({e.episode_len}), "
-                                                    f"not {u}"))
+            rule(("env", "urgency_bars", i), f"must be between 1 and env.episode_len ({e.episode_len}), not {u}",
+                 ("env", "episode_len"))
     if m.tick_size >= m.start_price:
-        out.append((("market", "tick_size"), f"must be below start_price ({m.tick_size:g} >= {m.start_price:g})"))
+        rule(("market", "tick_size"), f"must be below start_price ({m.tick_size:g} >= {m.start_price:g})",
+             ("market", "start_price"))
     if m.train_fraction + m.val_fraction >= 1:
-        out.append((("market", "val_fraction"), f"train_fraction + val_fraction = "
-                                                f"{m.train_fraction + m.val_fraction:g} leaves no test block "
-                                                "(they must add up to less than 1)"))
+        rule(("market", "val_fraction"), f"train_fraction + val_fraction = {m.train_fraction + m.val_fraction:g} "
+                                         "leaves no test block (they must add up to less than 1)")
     if t.replay_capacity < e.num_envs * t.collect_per_update:
-        out.append((("train", "replay_capacity"), f"must hold one collection step (env.num_envs x "
-                                                  f"train.collect_per_update = {e.num_envs * t.collect_per_update})"))
-    for loc, count, what in _elements(s):
-        if count > MAX_ELEMENTS:
-            out.append((loc, f"{what} = {count:,} elements in one array, more than 2^31-1".replace(",", "_")))
+        rule(("train", "replay_capacity"), f"must hold one collection step (env.num_envs x "
+                                           f"train.collect_per_update = {e.num_envs * t.collect_per_update})",
+             ("env", "num_envs"), ("train", "collect_per_update"))
+    if not bad:
+        for loc, count, what in _elements(s):
+            if count > MAX_ELEMENTS:
+                rule(loc, f"{what} = {count:_} elements in one array, more than 2^31-1")
     if not out:
         out += memory_problems(s)
     return out
