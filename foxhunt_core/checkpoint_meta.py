@@ -159,10 +159,13 @@ def check_tensor_layout(tensors: dict[str, Any], expected: dict[str, Any], repla
                                   f"{want.dtype}{list(shape)}")
 
 
-def read_history(run_dir: Path, step: int, records: int, path: Path | str) -> list[dict[str, Any]]:
-    """The Q-statistics records up to ``step`` from ``metrics.json``; the checkpoint expects ``records``."""
+def read_history(run_dir: Path, step: int, records: int, path: Path | str,
+                 required: bool = True) -> list[dict[str, Any]]:
+    """The Q-statistics records up to ``step`` from ``metrics.json``; the checkpoint expects
+    ``records`` (not ``required``: a missing file is an empty history, as for a checkpoint
+    evaluated away from its run directory)."""
     mpath = run_dir / METRICS
-    if records == 0 and not mpath.exists():
+    if (records == 0 or not required) and not mpath.exists():
         return []
     if not mpath.exists():
         raise CheckpointError(f"{mpath}: missing; the checkpoint at update {step} expects {records} Q-statistics "

@@ -199,7 +199,7 @@ def eval_cmd(
     try:
         _, meta = checked_checkpoint(ckpt, run_json_required=False)
         trainer = _rebuild(meta, None, str(ckpt))
-        trainer.load(ckpt)
+        trainer.load(ckpt, history=False)
         if data is not None:
             from .market import load_bars_for_eval
 

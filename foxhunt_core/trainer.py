@@ -366,8 +366,9 @@ class Trainer:
         self.log.event("gemm_tuning_loaded" if taken else "gemm_tuning_skipped", path=str(path), source="machine cache",
                        plans=len(record["plans"]), recorded_for=record["device"])
 
-    def load(self, path: Path) -> None:
-        """Restore everything from a checkpoint written by a run with the same settings."""
+    def load(self, path: Path, history: bool = True) -> None:
+        """Restore everything from a checkpoint written by a run with the same settings (and, with
+        ``history``, its training history, which must then be in the run directory's metrics.json)."""
         tensors, meta = load_checkpoint(path)
         checkpoint_meta.check_meta(meta, path)
         if _without_steps(meta["settings"]) != _without_steps(self.settings.model_dump(mode="json")):
@@ -394,7 +395,7 @@ class Trainer:
         self.step = int(meta["step"])
         self.first_raw_q_mean = meta["first_raw_q_mean"]
         self.train_seconds = float(meta["train_seconds"])
-        self.history = checkpoint_meta.read_history(path.parent, self.step, meta["history_records"], path)
+        self.history = checkpoint_meta.read_history(path.parent, self.step, meta["history_records"], path, history)
         self.log.event("resumed", step=self.step, path=str(path))
 
     def _check_layout(self, tensors: dict[str, np.ndarray], meta: dict[str, Any], path: Path) -> None:
