@@ -224,11 +224,13 @@ def parse_flags(text: str, path: str = "<flags>", registry: Registry | None = No
     try:
         ff = model.model_validate(doc.data)
     except ValidationError as exc:
-        problems = [_problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e, model, registry))
-                    for e in exc.errors()]
-        seen = {tuple(e["loc"]) for e in exc.errors()}
-        written = [(loc, msg) for loc, msg in written if loc not in seen]
-        raise FlagError(problems + validation.lines(written, path, doc.line_of)) from None
+        said = dict(written)  # where a written value is of the wrong type, that is the better message
+        errors = [e for e in exc.errors()  # a model's own check that failed on a value refused here
+                  if not (e["type"] == "value_error" and any(loc[:len(e["loc"])] == tuple(e["loc"]) for loc in said))]
+        problems = [_problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]),
+                             said.pop(tuple(e["loc"]), None) or _message(e, model, registry)) for e in errors]
+        raise FlagError(list(dict.fromkeys(problems + validation.lines(list(said.items()), path, doc.line_of)))) \
+            from None
     problems = validation.lines(written, path, doc.line_of) + _semantic_problems(ff, doc, path, registry)
     if not written:
         problems += validation.lines(validation.settings_problems(ff.run), path, doc.line_of, ("run",))

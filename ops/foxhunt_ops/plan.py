@@ -276,13 +276,15 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
         raise PlanError([problem(path, 1, (), what)])
     from .plan_checks import run_bound_problems, spec_problems, written_problems
 
-    written = [problem(path, doc.line_of(loc), loc, msg) for loc, msg in written_problems(doc.data, PlanFile, Gate)]
+    said = dict(written_problems(doc.data, PlanFile, Gate))
+    written = [problem(path, doc.line_of(loc), loc, msg) for loc, msg in said.items()]
     try:
         spec = PlanFile.model_validate(doc.data)
     except ValidationError as exc:
         raise PlanError(list(dict.fromkeys(
-            [problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e)) for e in exc.errors()]
-            + written))) from None
+            [problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), said.pop(tuple(e["loc"]), None)
+                     or _message(e)) for e in exc.errors()]
+            + [problem(path, doc.line_of(loc), loc, msg) for loc, msg in said.items()]))) from None
     problems = written + _run_problems(spec.run, doc, path)
     problems += [problem(path, doc.line_of(loc), loc, msg)
                  for loc, msg in run_bound_problems(spec.run) + spec_problems(spec)]
