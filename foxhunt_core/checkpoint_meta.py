@@ -62,9 +62,9 @@ class CheckpointMeta(BaseModel):
     collector: dict[str, Any] = Field(description="Collector (environment, replay, RNG) state.")
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> str:
     e = exc.errors()[0]
-    where = ".".join(str(p) for p in e["loc"]) or "<root>"
+    where = ".".join(str(p) for p in prefix + tuple(e["loc"])) or "<root>"
     if e["type"] == "extra_forbidden":
         return f"unknown key {where!r}"
     if e["type"] == "missing":
@@ -83,7 +83,7 @@ def check_meta(meta: dict[str, Any], path: Path | str) -> RunSettings:
     try:
         settings = RunSettings.model_validate(m.settings)
     except ValidationError as exc:
-        raise CheckpointError(f"{path}: metadata: settings.{_first_error(exc)}") from None
+        raise CheckpointError(f"{path}: metadata: {_first_error(exc, ('settings',))}") from None
     problems = validation.settings_problems(settings)
     if problems:
         loc, msg = problems[0]
