@@ -95,19 +95,24 @@ def os_error_line(exc: OSError) -> str:
 
 def run_app(app: Any, prog_name: str | None = None, args: list[str] | None = None) -> int:
     """Run the typer ``app``; returns the exit code (usage errors: one line on stderr, exit 2)."""
-    import click
+    import typer
 
+    try:  # typer >= 0.25 ships its own copy of click; older ones use click itself
+        from typer._click import exceptions as errors
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        from click import exceptions as errors  # type: ignore[no-redef]
+    no_args = getattr(errors, "NoArgsIsHelpError", ())
     try:
         rv = app(args=args, prog_name=prog_name or "foxhunt", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as exc:
-        click.echo(exc.format_message(), err=True)
+    except no_args as exc:
+        typer.echo(exc.format_message(), err=True)
         return 2
-    except click.ClickException as exc:
+    except errors.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         name = ctx.command_path if ctx is not None else (prog_name or "foxhunt")
-        click.echo(f"{name}: {' '.join(exc.format_message().split())}", err=True)
-        return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+        typer.echo(f"{name}: {' '.join(exc.format_message().split())}", err=True)
+        return int(exc.exit_code)
+    except errors.Abort:
+        typer.echo("aborted", err=True)
         return 130
     return rv if isinstance(rv, int) else 0
