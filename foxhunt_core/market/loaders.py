@@ -168,14 +168,14 @@ class _Table:
         arr = self.floats(column)
         bad = np.flatnonzero(arr <= 0)
         if bad.size:
-            raise self.error(f"non-positive price {arr[bad[0]]!r}", int(bad[0]) + 1, column)
+            raise self.error(f"non-positive price {float(arr[bad[0]])!r}", int(bad[0]) + 1, column)
         return arr
 
     def non_negative(self, column: str) -> np.ndarray:
         arr = self.floats(column)
         bad = np.flatnonzero(arr < 0)
         if bad.size:
-            raise self.error(f"negative value {arr[bad[0]]!r}", int(bad[0]) + 1, column)
+            raise self.error(f"negative value {float(arr[bad[0]])!r}", int(bad[0]) + 1, column)
         return arr
 
     @staticmethod
@@ -201,6 +201,9 @@ class _Table:
     def timestamps(self, strict: bool) -> np.ndarray:
         column = "timestamp"
         values = self.columns[column]
+        missing = next((i for i, v in enumerate(values, start=1) if v is None or v == ""), None)
+        if missing is not None:  # before guessing the format: one gap is not "dates among numbers"
+            raise self.error("missing timestamp", missing, column)
         ts = self._epoch(values)
         if ts is None:
             ts = np.empty(len(values), dtype=np.int64)
