@@ -179,6 +179,8 @@ def bound_problems(s: RunSettings) -> list[Problem]:
             v = _get(s, loc)
         except AttributeError:  # a setting another version does not have
             continue
+        if isinstance(v, float) and not math.isfinite(v):
+            continue  # refused as non-finite where it is written
         if lo is not None and v < lo:
             out.append((loc, f"must be at least {_fmt(lo)}"))
         elif hi is not None and v > hi:

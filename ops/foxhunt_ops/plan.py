@@ -296,6 +296,9 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             loc = ("stages", i, "seeds")
             problems.append(problem(path, doc.line_of(loc), loc, "seeds must be unique"))
     if problems:
+        # a value refused as written is not reported again by the schema check at the same place
+        places = tuple(f"{path}:{doc.line_of(loc)}: {'.'.join(map(str, loc)) or '<root>'}: " for loc in said)
+        problems = [p for p in problems if p in written or not p.startswith(places)]
         raise PlanError(list(dict.fromkeys(problems)))
     return plan
 
