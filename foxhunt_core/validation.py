@@ -16,7 +16,8 @@ written:
   ``branch_sizes`` are the environment's actions (3 directions, one magnitude per
   ``position_sizes`` entry, 3 order types, one urgency per ``urgency_bars`` entry); Adam's betas
   in [0, 1); ``tau_min <= tau``; ``liquid_tau_min <= liquid_tau_max``; position sizes in (0, 1];
-  urgency bars in 1 .. ``episode_len``; the tick below the start price; the train, validation
+  urgency bars in 1 .. ``episode_len``; the tick below the start price and the start price at
+  most 10^12 ticks (the market is simulated in ticks); the train, validation
   and test fractions leave a test block; the replay holds one collection step;
 * **memory** (:func:`memory_estimate`): what the settings imply for the market, the replay
   buffer, the network with its optimizer state and the update's activations, against a limit:
@@ -51,6 +52,7 @@ MEMORY_ENV = "FOXHUNT_MEMORY_LIMIT"
 MIN_EVAL_BARS = 64
 MAX_ELEMENTS = 2**31 - 1
 MAX_SEED = 2**63 - 1
+MAX_TICKS = 1e12
 
 # (lowest, highest) accepted, inclusive, beyond the schema's own bounds; None: the schema's
 BOUNDS: dict[Loc, tuple[float | None, float | None]] = {
@@ -239,6 +241,10 @@ def settings_problems(s: RunSettings) -> list[Problem]:
                  ("env", "episode_len"))
     if m.tick_size >= m.start_price:
         rule(("market", "tick_size"), f"must be below start_price ({m.tick_size:g} >= {m.start_price:g})",
+             ("market", "start_price"))
+    elif m.start_price / m.tick_size > MAX_TICKS:
+        rule(("market", "tick_size"), f"start_price is {m.start_price / m.tick_size:.3g} ticks, more than "
+                                      f"{MAX_TICKS:.0e} (the market is simulated in ticks; its features overflow)",
              ("market", "start_price"))
     if m.train_fraction + m.val_fraction >= 1:
         rule(("market", "val_fraction"), f"train_fraction + val_fraction = {m.train_fraction + m.val_fraction:g} "

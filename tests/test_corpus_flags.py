@@ -153,6 +153,8 @@ CASES: dict[str, tuple[str, int, str, str]] = {
                                "between 1 and env.episode_len (64), not 100"),
     "tick-above-price": (R("  market: {tick_size: 200.0, start_price: 100.0}"), 4, "run.market.tick_size",
                          "must be below start_price"),
+    "tick-vanishingly-small": (R("  market: {tick_size: 1.0e-300}"), 4, "run.market.tick_size",
+                               "start_price is 1e+302 ticks, more than 1e+12"),
     "split-fractions-overlap": (R("  market: {train_fraction: 0.9, val_fraction: 0.4}"), 4, "run.market.val_fraction",
                                 "leaves no test block"),
     "split-fractions-sum-one": (R("  market: {train_fraction: 0.6, val_fraction: 0.4}"), 4,
