@@ -3,10 +3,12 @@
 A run directory holds::
 
     run.json          settings, flag file text and hash, plugin set (written at start)
-    checkpoint.safetensors   the latest checkpoint (atomic), see foxhunt_core.checkpoint
+    checkpoint.safetensors   the latest checkpoint (atomic, hashed), every train.checkpoint_every
+                      updates and every train.checkpoint_minutes; see foxhunt_core.checkpoint
     metrics.json      Q-statistics and training scalars every stats interval (atomic)
     log.jsonl         structlog JSON event log
     eval.json         evaluation table on the held-out (test) split (atomic)
+    .foxhunt.lock     the flock of the process writing the directory (foxhunt_core.runlock)
     gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
                       beside each checkpoint); a run started in this directory again (resume)
                       reads it back before its first GEMM, so it repeats the same algorithms.
