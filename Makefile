@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 install: $(VENV)/.installed
 
 run: $(VENV)/.installed
-	$(BIN)/foxhunt train --flags $(FLAGS) --out $(OUT) --seed $(SEED) --device $(DEVICE) $(if $(STEPS),--steps $(STEPS))
+	$(BIN)/foxhunt train --flags $(FLAGS) --out $(OUT) --seed $(SEED) --device $(DEVICE) --overwrite $(if $(STEPS),--steps $(STEPS))
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -14,19 +14,22 @@ from typing import Any
 
 import numpy as np
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import __version__, value_bias
 from .backend import BackendError
-from .checkpoint import CheckpointError, atomic_write_text, load_checkpoint
+from .checkpoint import CheckpointError, atomic_write_text
+from .cli_support import OperatorError, checked_checkpoint, flag_data_lines, os_error_line, resume_steps, with_overrides
 from .config import RunSettings
 from .flags import FlagError, load_flags, parse_flags
 from .logs import jsonable
 from .plugins import PluginError, discover
+from .runlock import NewRun, RunDirError, run_lock
 from .trainer import CHECKPOINT, EVAL_COLUMNS, Trainer
+
+OPERATOR_ERRORS = (FlagError, PluginError, BackendError, CheckpointError, OperatorError, RunDirError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt: C51 trading agents.")
 console = Console(stderr=True)
@@ -109,42 +112,44 @@ def _write_manifest(out: Path, flags_path: str, flags_text: str, sha: str, setti
 @app.command()
 def train(
     flags: Path = typer.Option(..., "--flags", help="Flag file (YAML)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create or overwrite."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (an existing run in it needs --overwrite)."),
     steps: int | None = typer.Option(None, help="Gradient updates (overrides the flag file)."),
     seed: int | None = typer.Option(None, help="Run seed (overrides the flag file)."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (overrides the flag file)."),
     quiet: bool = typer.Option(False, help="No progress output."),
     init_from: Path | None = typer.Option(None, "--init-from", help="Warm start: begin from this checkpoint's "
                                           "parameters; newly enabled plugins' at their init."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
 ) -> None:
     """Train an agent with the plugins a flag file enables, then evaluate it on the test split."""
     try:
         f = load_flags(flags)
-        over: dict[str, Any] = {}
-        if seed is not None:
-            over["seed"] = seed
-        if device is not None:
-            over["device"] = device
-        settings = f.settings.model_copy(update=over)
-        if steps is not None:
-            settings = settings.model_copy(update={"train": settings.train.model_copy(update={"steps": steps})})
-        settings = RunSettings.model_validate(settings.model_dump())
+        settings = with_overrides(f.settings, steps=steps, seed=seed, device=device)
+        problems = flag_data_lines(f, settings)
+        if problems:
+            raise OperatorError(problems)
         plugins = (f.registry or discover()).plugin_set(f.enabled)
-        trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models, console=not quiet)
-        if init_from is not None:
-            from .warmstart import warm_start
+        with NewRun(out, overwrite) as run:  # nothing is left in --out unless the run starts
+            try:
+                trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models,
+                                  console=not quiet)
+                if init_from is not None:
+                    from .warmstart import warm_start
 
-            warm_start(trainer, init_from)
-    except (FlagError, PluginError, BackendError, CheckpointError) as exc:
+                    warm_start(trainer, init_from)
+                _write_manifest(out, str(flags), f.text, f.sha256, settings, plugins.names, f.options)
+            except BaseException as exc:
+                run.abandon()
+                if isinstance(exc, ValueError) and not isinstance(exc, OPERATOR_ERRORS):
+                    raise OperatorError([f"{flags}: {' '.join(str(exc).split())}"]) from None
+                raise
+            console.print(f"run [bold]{out}[/]: device {trainer.device}, seed {settings.seed}, "
+                          f"{settings.train.steps} updates, plugins {plugins.names or 'none'}", highlight=False)
+            _run(trainer, None)
+    except OPERATOR_ERRORS as exc:
         _fail(str(exc))
-    except ValidationError as exc:
-        _fail("\n".join(f"command line: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
-    except ValueError as exc:
-        _fail(f"{flags}: {' '.join(str(exc).split())}")
-    _write_manifest(out, str(flags), f.text, f.sha256, settings, plugins.names, f.options)
-    console.print(f"run [bold]{out}[/]: device {trainer.device}, seed {settings.seed}, "
-                  f"{settings.train.steps} updates, plugins {plugins.names or 'none'}", highlight=False)
-    _run(trainer, None)
+    except OSError as exc:
+        _fail(os_error_line(exc))
 
 
 def _rebuild(meta: dict[str, Any], out: Path | None, source: str) -> Trainer:
@@ -170,16 +175,22 @@ def resume(
     """Continue a run from its latest checkpoint, bit-identically, then evaluate it."""
     ckpt = run_dir / CHECKPOINT
     try:
-        _, meta = load_checkpoint(ckpt)
-        if steps is not None:
-            meta["settings"]["train"]["steps"] = int(steps)
-        trainer = _rebuild(meta, run_dir, str(ckpt))
-        trainer.load(ckpt)
-    except (CheckpointError, FlagError, PluginError, BackendError) as exc:
+        if not run_dir.is_dir():
+            raise RunDirError(f"{run_dir}: not a run directory")
+        with run_lock(run_dir):
+            _, meta = checked_checkpoint(ckpt, run_json_required=True)
+            if steps is not None:
+                resume_steps(steps, meta)
+                meta["settings"]["train"]["steps"] = int(steps)
+            trainer = _rebuild(meta, run_dir, str(ckpt))
+            trainer.load(ckpt)
+            console.print(f"resuming [bold]{run_dir}[/] at update {trainer.step} of {trainer.settings.train.steps}",
+                          highlight=False)
+            _run(trainer, None)
+    except OPERATOR_ERRORS as exc:
         _fail(str(exc))
-    console.print(f"resuming [bold]{run_dir}[/] at update {trainer.step} of {trainer.settings.train.steps}",
-                  highlight=False)
-    _run(trainer, None)
+    except OSError as exc:
+        _fail(os_error_line(exc))
 
 
 @app.command("eval")
@@ -193,15 +204,17 @@ def eval_cmd(
     if split not in ("train", "val", "test"):
         _fail(f"--split must be train, val or test, not {split!r}")
     try:
-        _, meta = load_checkpoint(ckpt)
+        _, meta = checked_checkpoint(ckpt, run_json_required=False)
         trainer = _rebuild(meta, None, str(ckpt))
-        trainer.load(ckpt)
+        trainer.load(ckpt, history=False)
         if data is not None:
             from .market import load_bars_for_eval
 
-            trainer.splits = load_bars_for_eval(data, trainer.settings.market)
-    except (CheckpointError, FlagError, PluginError, BackendError) as exc:
+            trainer.splits = load_bars_for_eval(data, trainer.settings.market, split)
+    except OPERATOR_ERRORS as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(os_error_line(exc))
     except ValueError as exc:
         _fail(str(exc))
     _evaluate_and_report(trainer, split)
@@ -221,6 +234,10 @@ def _register_admin() -> None:
 _register_admin()
 
 
-def main() -> None:  # pragma: no cover - console entry
+def main(prog_name: str | None = None) -> None:
+    """The ``foxhunt`` console entry: NumPy's floating-point warnings off (non-finite values are
+    checked and reported where they matter), click's usage errors on one line."""
+    from .cli_support import run_app
+
     np.seterr(all="ignore")
-    app()
+    sys.exit(run_app(app, prog_name))

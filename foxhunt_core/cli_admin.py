@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .checkpoint import atomic_write_text
+from .cli_support import flag_data_lines
 from .config import RunSettings
 from .flags import FlagError, Flags, diff_flags, json_schema, load_flags, stage_text
 from .plugins import PluginError, Registry, discover
@@ -60,6 +61,9 @@ def validate(files: list[Path] = typer.Argument(..., help="Flag files to validat
     for path in files:
         try:
             f = load_flags(path)
+            data = flag_data_lines(f)  # what train checks before it starts: the market can be split
+            if data:
+                raise FlagError(data)
         except (FlagError, PluginError) as exc:
             _errors(str(exc))
             failed = True

@@ -91,6 +91,7 @@ class TrainSettings(_Strict):
     iqn_ramp_fraction: float = Field(0.5, gt=0, le=1, description="Share of training over which iqn_readiness ramps from 0 to 1.")
     atom_mass_threshold: float = Field(0.1, gt=0, lt=1, description="An atom counts as used in a distribution when its probability is at least this / num_atoms.")
     checkpoint_every: int = Field(1_000, ge=1, description="Updates between checkpoints.")
+    checkpoint_minutes: float = Field(5.0, ge=0, description="Minutes of training between checkpoints besides checkpoint_every, whichever comes first, so that a crash loses minutes, not the run (0: by updates only).")
     gpu_collection: bool = Field(True, description="On the GPU, keep market, environment and replay on the device (off: the CPU environment feeds the GPU agent).")
     cuda_graphs: bool = Field(True, description="On the GPU, capture the update as a CUDA graph and replay it (off: launch eagerly).")
     tf32: bool = Field(True, description="On the GPU, let cuBLAS use TF32 tensor cores for float32 GEMMs.")

@@ -31,9 +31,11 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from . import validation
 from .config import RunSettings
 from .flagyaml import MAX_BYTES, YamlDoc, YamlProblem, read_yaml
 from .plugins import PluginFilter, Registry, discover
+from .safeio import FileProblem, read_regular
 
 SCHEMA_VERSION = 1
 MAX_FLAG_BYTES = MAX_BYTES
@@ -138,6 +140,8 @@ class Flags:
     """The ``run:`` block as written."""
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The plugins the file was validated against."""
+    doc: YamlDoc | None = field(default=None, repr=False, compare=False)
+    """The parsed YAML (the line of every key, for problems found later)."""
 
 
 def _fields_of(model: Any, loc: tuple[Any, ...]) -> list[str] | None:
@@ -216,13 +220,20 @@ def parse_flags(text: str, path: str = "<flags>", registry: Registry | None = No
         registry = discover(flt)
         registry.check()
     model = flag_model(registry)
+    written = validation.scalar_problems(model, doc.data) + validation.non_finite_problems(doc.data)
     try:
         ff = model.model_validate(doc.data)
     except ValidationError as exc:
-        problems = [_problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e, model, registry))
-                    for e in exc.errors()]
-        raise FlagError(problems) from None
-    problems = _semantic_problems(ff, doc, path, registry)
+        said = dict(written)  # where a written value is of the wrong type, that is the better message
+        errors = [e for e in exc.errors()  # a model's own check that failed on a value refused here
+                  if not (e["type"] == "value_error" and any(loc[:len(e["loc"])] == tuple(e["loc"]) for loc in said))]
+        problems = [_problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]),
+                             said.pop(tuple(e["loc"]), None) or _message(e, model, registry)) for e in errors]
+        raise FlagError(list(dict.fromkeys(problems + validation.lines(list(said.items()), path, doc.line_of)))) \
+            from None
+    problems = validation.lines(written, path, doc.line_of) + _semantic_problems(ff, doc, path, registry)
+    if not written:
+        problems += validation.lines(validation.settings_problems(ff.run), path, doc.line_of, ("run",))
     if problems:
         raise FlagError(problems)
     on = {n for n, e in ff.plugins if isinstance(e, BaseModel) and e.enabled}
@@ -235,7 +246,7 @@ def parse_flags(text: str, path: str = "<flags>", registry: Registry | None = No
     return Flags(
         path=path, text=text, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), settings=ff.run,
         enabled=enabled, options={n: m.model_dump(mode="json") for n, m in models.items()}, stage=ff.stage,
-        option_models=models, out_of_order=ff.out_of_order, raw_run=raw_run, registry=registry,
+        option_models=models, out_of_order=ff.out_of_order, raw_run=raw_run, registry=registry, doc=doc,
     )
 
 
@@ -243,13 +254,9 @@ def load_flags(path: str | Path, registry: Registry | None = None) -> Flags:
     """Read and validate a flag file (see :func:`parse_flags`)."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > MAX_FLAG_BYTES:
-            msg = f"file is {size} bytes, larger than the limit of {MAX_FLAG_BYTES}"
-            raise FlagError([_problem(str(p), 1, (), msg)])
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise FlagError([_problem(str(p), 1, (), f"cannot read ({exc.strerror})")]) from None
+        raw = read_regular(p, MAX_FLAG_BYTES)
+    except FileProblem as exc:
+        raise FlagError([_problem(str(p), 1, (), str(exc))]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

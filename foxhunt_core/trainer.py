@@ -3,10 +3,12 @@
 A run directory holds::
 
     run.json          settings, flag file text and hash, plugin set (written at start)
-    checkpoint.safetensors   the latest checkpoint (atomic), see foxhunt_core.checkpoint
+    checkpoint.safetensors   the latest checkpoint (atomic, hashed), every train.checkpoint_every
+                      updates and every train.checkpoint_minutes; see foxhunt_core.checkpoint
     metrics.json      Q-statistics and training scalars every stats interval (atomic)
     log.jsonl         structlog JSON event log
     eval.json         evaluation table on the held-out (test) split (atomic)
+    .foxhunt.lock     the flock of the process writing the directory (foxhunt_core.runlock)
     gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
                       beside each checkpoint); a run started in this directory again (resume)
                       reads it back before its first GEMM, so it repeats the same algorithms.
@@ -38,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, backend
+from . import __version__, backend, checkpoint_meta
 from .agent import Agent
 from .checkpoint import (
     CheckpointError,
@@ -119,6 +121,7 @@ class Trainer:
         self.train_seconds = 0.0
         self.steady_updates_per_second: float | None = None  # of the last train() call (see there)
         self.graphed: Any = None
+        self._clock: Stopwatch | None = None  # while train() runs
 
     @property
     def env_steps(self) -> int:
@@ -153,6 +156,7 @@ class Trainer:
         t = self.settings.train
         until = t.steps if until_step is None else min(int(until_step), t.steps)
         clock = Stopwatch()
+        self._clock, last_save = clock, 0.0
         start_step = self.step
         steady_from: tuple[float, int] | None = None  # (clock, step) once the first update is done
         with self.stream if self.stream is not None else contextlib.nullcontext():
@@ -174,13 +178,16 @@ class Trainer:
                 if self.step % t.stats_every == 0:
                     self._interval(scalars, self.agent.statistics(out, q))
                     self._exploration()
-                if self.step % t.checkpoint_every == 0 and self.step < until:
+                due = t.checkpoint_minutes > 0 and clock.seconds() - last_save >= 60.0 * t.checkpoint_minutes
+                if (self.step % t.checkpoint_every == 0 or due) and self.step < until:
                     self.save()
+                    last_save = clock.seconds()
                 if progress is not None:
                     progress(self.step, until)
             self._synchronize()
         seconds = clock.seconds()
         self.train_seconds += seconds
+        self._clock = None
         done = self.step - start_step
         steady = self.step - steady_from[1] if steady_from is not None else 0
         self.steady_updates_per_second = (steady / (seconds - steady_from[0])
@@ -270,7 +277,9 @@ class Trainer:
             "liquid": self.liquid.state(),
             "ctx": {"entropy_coeff": self.ctx.entropy_coeff, "stash": self.ctx.stash},
             "first_raw_q_mean": self.first_raw_q_mean,
-            "train_seconds": self.train_seconds,
+            # this train() call's time so far included, so that a resumed run's rate is right
+            "train_seconds": self.train_seconds + (self._clock.seconds() if self._clock is not None else 0.0),
+            "history_records": len(self.history),
         }
 
     def save(self) -> Path | None:
@@ -284,8 +293,10 @@ class Trainer:
         tensors.update(flatten("adam.m", self.agent.opt.m))
         tensors.update(flatten("adam.v", self.agent.opt.v))
         path = self.out_dir / CHECKPOINT
-        save_checkpoint(path, tensors, jsonable(meta))
+        # the history first: a crash between the two writes leaves records the checkpoint does not
+        # count yet (load drops them), never a checkpoint whose history is missing
         atomic_write_text(self.out_dir / "metrics.json", json.dumps(jsonable(self.history), indent=1))
+        save_checkpoint(path, tensors, jsonable(meta))
         if self._tuned_gemms():
             from .gpu import cublaslt
 
@@ -357,13 +368,16 @@ class Trainer:
         self.log.event("gemm_tuning_loaded" if taken else "gemm_tuning_skipped", path=str(path), source="machine cache",
                        plans=len(record["plans"]), recorded_for=record["device"])
 
-    def load(self, path: Path) -> None:
-        """Restore everything from a checkpoint written by a run with the same settings."""
+    def load(self, path: Path, history: bool = True) -> None:
+        """Restore everything from a checkpoint written by a run with the same settings (and, with
+        ``history``, its training history, which must then be in the run directory's metrics.json)."""
         tensors, meta = load_checkpoint(path)
+        checkpoint_meta.check_meta(meta, path)
         if _without_steps(meta["settings"]) != _without_steps(self.settings.model_dump(mode="json")):
             raise CheckpointError(f"{path}: settings in the checkpoint differ from this run's")
         if meta["plugins"] != self.plugins.names:
             raise CheckpointError(f"{path}: checkpoint plugins {meta['plugins']} differ from {self.plugins.names}")
+        self._check_layout(tensors, meta, path)
         for prefix, tree in (("online", self.agent.online), ("target", self.agent.target),
                              ("adam.m", self.agent.opt.m), ("adam.v", self.agent.opt.v)):
             saved = unflatten(prefix, tensors)
@@ -382,11 +396,22 @@ class Trainer:
         self.ctx.stash = meta["ctx"]["stash"]
         self.step = int(meta["step"])
         self.first_raw_q_mean = meta["first_raw_q_mean"]
-        self.train_seconds = float(meta.get("train_seconds", 0.0))
-        mpath = path.parent / "metrics.json"
-        self.history = [r for r in json.loads(mpath.read_text())] if mpath.exists() else []
-        self.history = [r for r in self.history if r["step"] <= self.step]
+        self.train_seconds = float(meta["train_seconds"])
+        self.history = checkpoint_meta.read_history(path.parent, self.step, meta["history_records"], path, history)
         self.log.event("resumed", step=self.step, path=str(path))
+
+    def _check_layout(self, tensors: dict[str, np.ndarray], meta: dict[str, Any], path: Path) -> None:
+        """The checkpoint's tensors are exactly the ones this run saves (see checkpoint_meta)."""
+        expected, _ = self.collector.state()
+        expected = dict(expected)
+        for prefix, tree in (("online", self.agent.online), ("target", self.agent.target),
+                             ("adam.m", self.agent.opt.m), ("adam.v", self.agent.opt.v)):
+            expected.update(flatten(prefix, tree))
+        size = meta["collector"].get("replay", {}).get("size") if isinstance(meta["collector"], dict) else None
+        if not isinstance(size, int) or not 0 <= size <= self.settings.train.replay_capacity:
+            raise CheckpointError(f"{path}: metadata: collector.replay.size {size!r} is not a fill level of a "
+                                  f"replay of {self.settings.train.replay_capacity}")
+        checkpoint_meta.check_tensor_layout(tensors, expected, size, path)
 
 
 def _without_steps(settings: dict[str, Any]) -> dict[str, Any]:

@@ -21,10 +21,17 @@ from foxhunt_core.market.splits import Splits, split_by_time, synthetic_splits
 from foxhunt_core.market.synthetic import simulate
 
 
-def load_bars_for_eval(path: str | Path, settings: MarketSettings) -> Splits:
+def load_bars_for_eval(path: str | Path, settings: MarketSettings, split: str = "test") -> Splits:
     """An OHLCV bar file split like the synthetic market (the scaler fitted on its own
-    training block), for evaluating a trained policy on real bars."""
-    return split_by_time(load_ohlcv(path), settings.train_fraction, settings.val_fraction)
+    training block), for evaluating a trained policy on real bars; a file too short for the
+    evaluated ``split`` to hold :data:`~foxhunt_core.validation.MIN_EVAL_BARS` bars is refused."""
+    from foxhunt_core.validation import split_problem
+
+    data = load_ohlcv(path)
+    why = split_problem(len(data), settings.train_fraction, settings.val_fraction, None, split)
+    if why is not None:
+        raise DataError(f"{path}: {why}")
+    return split_by_time(data, settings.train_fraction, settings.val_fraction)
 
 
 __all__ = [

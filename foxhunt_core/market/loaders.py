@@ -55,6 +55,7 @@ import numpy as np
 
 from foxhunt_core.market.data import MarketData
 from foxhunt_core.market.features import compute_features, ema
+from foxhunt_core.safeio import FileProblem, check_regular
 
 SPREAD_WINDOW = 20
 DEPTH_SPAN = 32
@@ -84,6 +85,10 @@ class _Table:
     def __init__(self, path: str | Path, required: tuple[str, ...], optional: tuple[str, ...]):
         self.path = Path(path)
         self.lines: list[int] | None = None  # file line of each data row (CSV only)
+        try:
+            check_regular(self.path)  # a FIFO would block the reader forever, /dev/zero never end
+        except FileProblem as exc:
+            raise _error(self.path, str(exc)) from None
         csv_file = self.path.suffix.lower() not in (".parquet", ".pq")
         raw = self._read_csv() if csv_file else self._read_parquet()
         missing = [c for c in required if c not in raw]
@@ -101,7 +106,7 @@ class _Table:
 
     def _read_csv(self) -> dict[str, list]:
         try:
-            with self.path.open(newline="", encoding="utf-8") as fh:
+            with self.path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: spreadsheets' BOM
                 rows = list(csv.reader(fh))
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise _error(self.path, f"cannot read file: {exc}") from None
@@ -132,6 +137,9 @@ class _Table:
 
         for name in table.column_names:
             col = table.column(name)
+            if pa.types.is_nested(col.type) or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+                raise _error(self.path, f"has Parquet type {col.type}; expected one number (or timestamp) per row",
+                             column=name.strip().lower())
             if pa.types.is_timestamp(col.type):
                 col = col.cast(pa.timestamp("ns")).cast(pa.int64())
             out[name.strip().lower()] = col.to_pylist()
@@ -160,14 +168,14 @@ class _Table:
         arr = self.floats(column)
         bad = np.flatnonzero(arr <= 0)
         if bad.size:
-            raise self.error(f"non-positive price {arr[bad[0]]!r}", int(bad[0]) + 1, column)
+            raise self.error(f"non-positive price {float(arr[bad[0]])!r}", int(bad[0]) + 1, column)
         return arr
 
     def non_negative(self, column: str) -> np.ndarray:
         arr = self.floats(column)
         bad = np.flatnonzero(arr < 0)
         if bad.size:
-            raise self.error(f"negative value {arr[bad[0]]!r}", int(bad[0]) + 1, column)
+            raise self.error(f"negative value {float(arr[bad[0]])!r}", int(bad[0]) + 1, column)
         return arr
 
     @staticmethod
@@ -193,6 +201,9 @@ class _Table:
     def timestamps(self, strict: bool) -> np.ndarray:
         column = "timestamp"
         values = self.columns[column]
+        missing = next((i for i, v in enumerate(values, start=1) if v is None or v == ""), None)
+        if missing is not None:  # before guessing the format: one gap is not "dates among numbers"
+            raise self.error("missing timestamp", missing, column)
         ts = self._epoch(values)
         if ts is None:
             ts = np.empty(len(values), dtype=np.int64)

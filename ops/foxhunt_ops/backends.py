@@ -131,7 +131,7 @@ class LocalBackend:
 
     def __init__(self, workers: int | None = None, *, device: str = "cpu", gpus: list[str] | None = None,
                  workers_per_gpu: int = 1, gpu_memory_fraction: float | None = None,
-                 launcher: Callable[..., Any] = launch) -> None:
+                 launcher: Callable[..., Any] | None = None) -> None:
         self.gpus = visible_gpus() if gpus is None else list(gpus)
         self.device = self.device_for(device)
         self.slots = GpuSlots(self.gpus, workers_per_gpu) if self.device == "cuda" and self.gpus else None
@@ -140,7 +140,7 @@ class LocalBackend:
             self.capacity = min(workers, self.slots.capacity) if workers else self.slots.capacity
         else:
             self.capacity = max(1, workers or os.cpu_count() or 1)
-        self.launcher = launcher
+        self.launcher = launcher if launcher is not None else launch
         self.procs: dict[tuple[str, int], tuple[TrialSpec, Any, float, str | None]] = {}
 
     def device_for(self, device: str) -> str:

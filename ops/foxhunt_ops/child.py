@@ -28,9 +28,9 @@ def die_with_parent() -> None:
 
 def main() -> None:
     die_with_parent()
-    from foxhunt_core.cli import app
+    from foxhunt_core.cli import main as cli_main
 
-    app(prog_name="foxhunt")
+    cli_main(prog_name="foxhunt")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def _backend(name: str, workers: int | None, address: str | None, plan: Plan, de
 
 def _drive(rollout_dir: Path, be: Backend) -> RolloutState:
     """Drive the rollout with ``be`` (closed at the end), write the report, say how it ended."""
+    import sqlite3
+
     from .controller import Controller
     from .report import write_report
 
@@ -103,6 +105,10 @@ def _drive(rollout_dir: Path, be: Backend) -> RolloutState:
         st = Controller(rollout_dir, be, _echo).drive()
     except LedgerError as exc:
         _fail(str(exc))
+    except (sqlite3.Error, OSError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        _fail(f"{rollout_dir}: the controller stopped on an error ({why}); the ledger holds what was decided "
+              f"before it: `foxhunt rollout status {rollout_dir}`")
     except KeyboardInterrupt:
         _echo(f"interrupted; continue with `foxhunt rollout resume {rollout_dir}`")
         raise typer.Exit(130) from None
@@ -193,6 +199,8 @@ def _status_doc(rollout_dir: Path) -> dict[str, Any]:
 
     led = Ledger.open(rollout_dir)
     try:
+        if not led.initialised:
+            raise LedgerError(f"{rollout_dir}: the rollout was never started (its ledger holds no plan)")
         stages, decisions = led.stages(), led.decisions()
         st = walk(stages, decisions)
         rows = []
@@ -203,9 +211,11 @@ def _status_doc(rollout_dir: Path) -> dict[str, Any]:
             rows.append({"stage": s.stage_id, "plugins": s.plugins, "seeds": s.seeds, "trials": count,
                          "decision": None if d is None else {k: d[k] for k in ("action", "actor", "reason")},
                          "skip_reason": s.skip_reason})
+        errors = [e for e in led.events() if e["kind"] == "controller_error"]
         return {"dir": str(rollout_dir), "plan": led.meta().get("plan_name"), "status": st.status,
                 "controller_running": locked(rollout_dir), "good_stage": st.good, "good_flags_sha256": st.good_sha256,
-                "ended_by_operator": st.final, "stages": rows}
+                "ended_by_operator": st.final, "stages": rows,
+                "last_error": errors[-1]["detail"].get("error") if errors else None}
     finally:
         led.close()
 
@@ -227,6 +237,8 @@ def status(
     if doc["status"] == "pending" and not doc["controller_running"]:
         running = f" (no controller is running: continue with `foxhunt rollout resume {rollout_dir}`)"
     typer.echo(f"rollout {doc['dir']} (plan {doc['plan']}): {doc['status'].replace('_', ' ')}{running}")
+    if doc["last_error"] and doc["status"] == "pending":
+        typer.echo(f"the last controller stopped on an error: {doc['last_error']}")
     typer.echo(f"good flag set: {doc['good_stage'] or 'none'}"
                + (f" ({rollout_dir}/good-flags.yaml)" if doc["good_stage"] else ""))
     for r in doc["stages"]:
@@ -291,5 +303,7 @@ def report(
         path = write_report(rollout_dir, out)
     except LedgerError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{exc.filename or out}: cannot write the report ({exc.strerror or exc})")
     typer.echo(str(path))
 

@@ -26,7 +26,9 @@ notices an operator's abort or rollback within a second and stops its trials.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,11 +39,12 @@ from foxhunt_core.trainer import CHECKPOINT
 from . import gates as gates_mod
 from .backends import Backend
 from .ledger import FINAL, Ledger, LedgerError
+from .mandatory import finite_verdict
 from .metrics import METRICS, metric_value, num
-from .plan import Plan, parse_plan
+from .plan import Plan, parse_plan, retries_of
 from .stages import ResolvedStage
 from .state import RolloutState, controller_lock, walk, write_good_flags
-from .trial import TrialSpec
+from .trial import TrialOutcome, TrialSpec
 
 Echo = Callable[[str], None]
 POLL_S = 0.5
@@ -126,23 +129,30 @@ class Controller:
             if first.status != "pending":
                 ended = " by an operator" if first.final else ""
                 self.echo(f"nothing to run: the rollout is {first.status.replace('_', ' ')}{ended}")
-            while True:
-                st = self.state()
-                if st.status != "pending" or st.at is None:
-                    break
-                stage = self.stages[st.at]
-                if stage.skip_reason:
-                    self._decide(stage, "skip", stage.skip_reason, st)
-                    continue
-                if not self._run_trials(stage, st.good):
-                    break
-                if self._operator_stopped():
-                    break
-                self._judge(stage, st)
+            try:
+                self._loop()
+            except (sqlite3.Error, OSError, ValueError) as exc:
+                # every decision is one transaction: the ledger says where the rollout stands
+                with contextlib.suppress(sqlite3.Error):
+                    self.led.event("controller_error", error=f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+                raise
             st = self.state()
             write_good_flags(self.dir, self.stages, st.good)
             self.led.event("session_end", status=st.status)
         return st
+
+    def _loop(self) -> None:
+        while True:
+            st = self.state()
+            if st.status != "pending" or st.at is None:
+                return
+            stage = self.stages[st.at]
+            if stage.skip_reason:
+                self._decide(stage, "skip", stage.skip_reason, st)
+                continue
+            if not self._run_trials(stage, st.good) or self._operator_stopped():
+                return
+            self._judge(stage, st)
 
     def _restore_flag_files(self) -> None:
         for s in self.stages:
@@ -194,6 +204,9 @@ class Controller:
                     self.led.trial_started(spec, self._run_dir(stage, spec.seed))
                     self.backend.submit(spec)
                 for out in self.backend.wait(POLL_S):
+                    if out.status == "failed" and self._retry(stage, out):
+                        queue.append(self._spec(stage, out.seed, good))  # its ledger row stays running
+                        continue
                     self.led.trial_finished(out)
                     what = f"failed: {out.error}" if out.status == "failed" else "done"
                     where = f", GPU {out.gpu}" if out.gpu is not None else ""
@@ -204,6 +217,18 @@ class Controller:
         except BaseException:
             self._cancel("the controller was interrupted")
             raise
+        return True
+
+    def _retry(self, stage: ResolvedStage, out: TrialOutcome) -> bool:
+        """Whether a failed trial runs again: it died without a verdict (not a refusal, exit 2)
+        and has retries left (the plan's or the stage's ``retries``, counted in the ledger)."""
+        allowed = retries_of(self.plan, stage.index)
+        done = sum(1 for e in self.led.events() if e["kind"] == "retry"
+                   and (e["detail"].get("stage"), e["detail"].get("seed")) == (stage.stage_id, out.seed))
+        if out.exit_code == 2 or done >= allowed:
+            return False
+        self.led.event("retry", stage=stage.stage_id, seed=out.seed, attempt=done + 2, error=out.error)
+        self.echo(f"{stage.stage_id}: seed {out.seed} died ({out.error}); retry {done + 1} of {allowed}")
         return True
 
     def _cancel(self, why: str) -> None:
@@ -221,6 +246,7 @@ class Controller:
         cur = {s: cur.get(s) for s in stage.seeds}
         prev = self.results(st.good) if st.good is not None else None
         verdicts = gates_mod.evaluate(stage.gates, cur, prev, gates_mod.failure_notes(cur, errors))
+        verdicts.append(finite_verdict(cur))  # the check no plan can disable
         verdict = gates_mod.analysis(verdicts)
         dry = [v.gate for v in verdicts if v.dry_run]
         dry_txt = f"; dry-run gates (reported, never blocking): {', '.join(dry)}" if dry else ""

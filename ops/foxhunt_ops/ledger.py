@@ -134,8 +134,19 @@ class Ledger:
         self._tx(stmts)
 
     def stages(self) -> list[ResolvedStage]:
-        rows = self.db.execute("SELECT spec FROM stages ORDER BY idx")
-        return [ResolvedStage.from_json(json.loads(r["spec"])) for r in rows]
+        """The stages, each row checked like a plan's stage (:mod:`foxhunt_ops.ledger_checks`)."""
+        from .ledger_checks import check_stage_row
+
+        out = []
+        for r in self.db.execute("SELECT stage_id, spec FROM stages ORDER BY idx"):
+            try:
+                spec = json.loads(r["spec"])
+                check_stage_row(r["stage_id"], spec, self.path)
+                out.append(ResolvedStage.from_json(spec))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise LedgerError(f"{self.path}: stages row {r['stage_id']!r}: unreadable "
+                                  f"({' '.join(str(exc).split())})") from None
+        return out
 
     def event(self, kind: str, **detail: Any) -> None:
         self._tx([("INSERT INTO events (at, kind, detail) VALUES (?, ?, ?)", (now(), kind, dumps(detail)))])

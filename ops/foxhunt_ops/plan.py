@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from foxhunt_core.config import RunSettings
 from foxhunt_core.flagyaml import MAX_BYTES, YamlDoc, YamlProblem, read_yaml
+from foxhunt_core.safeio import FileProblem, read_regular
 
 from .errors import PlanError
 from .metrics import METRICS
@@ -79,7 +80,7 @@ def problem(path: str, line: int, loc: tuple[Any, ...], msg: str) -> str:
 class Gate(BaseModel):
     """One health gate: a metric, how it is aggregated over seeds, and its bounds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,47}$", description="Gate name (unique in a stage).")
     metric: str = Field(description=f"Per-trial metric the gate reads: {', '.join(METRICS)}.")
@@ -161,6 +162,7 @@ class StageSpec(BaseModel):
     seeds: list[int] | None = Field(None, min_length=1, description="Seeds of this stage (default: the plan's).")
     steps: int | None = Field(None, ge=1, description="Gradient updates per trial (default: the plan's).")
     pause: bool = Field(False, description="After the gates pass, wait for `foxhunt rollout promote`.")
+    retries: int | None = Field(None, ge=0, le=10, description="Reruns of a trial that died (default: the plan's).")
     gates: list[dict[str, Any]] = Field(default_factory=list, description="Gate patches for this stage.")
     init_from: Literal["scratch", "good"] | None = Field(
         None, description="scratch: fresh parameters; good: each seed's trial starts from the last promoted stage's "
@@ -198,6 +200,8 @@ class PlanFile(BaseModel):
     on_no_data: Literal["fail", "ignore"] | None = Field(
         None, description="The no-data policy of every gate that does not set its own: a failed or killed trial "
         "fails the gate (fail, the default) or is left out (ignore).")
+    retries: int = Field(1, ge=0, le=10, description="Reruns of a trial that died without a verdict (killed, crashed, "
+                                                     "timed out; not one that refused its input, exit 2).")
     run: dict[str, Any] = Field(default_factory=dict, description="Run settings merged into every stage's flag file.")
     gates: list[dict[str, Any]] = Field(default_factory=list, description="Patches of the default gates, by name.")
     stages: list[StageSpec] = Field(min_length=1, description="The stages, in rollout order.")
@@ -235,6 +239,12 @@ class Plan:
 
     def seeds_of(self, i: int) -> list[int]:
         return list(self.spec.stages[i].seeds or self.spec.seeds)
+
+
+def retries_of(plan: Plan, index: int) -> int:
+    """How often a trial of stage ``index`` that died is run again."""
+    own = plan.spec.stages[index].retries if index < len(plan.spec.stages) else None
+    return plan.spec.retries if own is None else own
 
 
 def _message(err: dict[str, Any]) -> str:
@@ -304,12 +314,20 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
     if not isinstance(doc.data, dict):
         what = "empty plan" if doc.data is None else f"expected a mapping, got {type(doc.data).__name__}"
         raise PlanError([problem(path, 1, (), what)])
+    from .plan_checks import run_bound_problems, spec_problems, written_problems
+
+    said = dict(written_problems(doc.data, PlanFile, Gate))
+    written = [problem(path, doc.line_of(loc), loc, msg) for loc, msg in said.items()]
     try:
         spec = PlanFile.model_validate(doc.data)
     except ValidationError as exc:
-        raise PlanError([problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), _message(e))
-                         for e in exc.errors()]) from None
-    problems = _run_problems(spec.run, doc, path)
+        raise PlanError(list(dict.fromkeys(
+            [problem(path, doc.line_of(tuple(e["loc"])), tuple(e["loc"]), said.pop(tuple(e["loc"]), None)
+                     or _message(e)) for e in exc.errors()]
+            + [problem(path, doc.line_of(loc), loc, msg) for loc, msg in said.items()]))) from None
+    problems = written + _run_problems(spec.run, doc, path)
+    problems += [problem(path, doc.line_of(loc), loc, msg)
+                 for loc, msg in run_bound_problems(spec.run) + spec_problems(spec)]
     plan = Plan(path=path, text=text, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), spec=spec, doc=doc)
     for i, st in enumerate(spec.stages):
         layers = [(list(DEFAULT_GATES), ()), (spec.gates, ("gates",)), (st.gates, ("stages", i, "gates"))]
@@ -319,6 +337,9 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             loc = ("stages", i, "seeds")
             problems.append(problem(path, doc.line_of(loc), loc, "seeds must be unique"))
     if problems:
+        # a value refused as written is not reported again by the schema check at the same place
+        places = tuple(f"{path}:{doc.line_of(loc)}: {'.'.join(map(str, loc)) or '<root>'}: " for loc in said)
+        problems = [p for p in problems if p in written or not p.startswith(places)]
         raise PlanError(list(dict.fromkeys(problems)))
     return plan
 
@@ -327,11 +348,9 @@ def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file (see :func:`parse_plan`)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise PlanError([problem(str(p), 1, (), f"cannot read ({exc.strerror})")]) from None
-    if len(raw) > MAX_BYTES:
-        raise PlanError([problem(str(p), 1, (), f"file is {len(raw)} bytes, larger than the limit of {MAX_BYTES}")])
+        raw = read_regular(p, MAX_BYTES)
+    except FileProblem as exc:
+        raise PlanError([problem(str(p), 1, (), str(exc))]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from foxhunt_core import validation
 from foxhunt_core.flags import FlagError, load_flags, parse_flags, stage_text
 from foxhunt_core.plugins import PluginError, discover
 
@@ -136,6 +137,10 @@ def resolve_stages(plan: Plan) -> list[ResolvedStage]:
                 text = f.text
         try:
             g = parse_flags(text, f"{sid}.yaml (generated)")
+            data = validation.data_problems(g.settings)  # what each trial's train checks first
+            if data:
+                line_of = g.doc.line_of if g.doc is not None else (lambda loc: 1)
+                raise FlagError(validation.lines(data, g.path, line_of, ("run",)))
         except (FlagError, PluginError) as exc:
             problems.append(problem(plan.path, _line(plan, loc), loc, "the stage's flag file with the plan's "
                                     "run: block merged in is invalid:"))

@@ -49,7 +49,7 @@ def test_the_default_plan_walks_stages_0_to_9_and_skips_what_is_not_installed():
         ("  - {name: finite, test: sign}\n", 6, "gates.0: a statistical test needs compare: difference"),
         ("  - {name: eval_return, alpha: 0.05, test: none}\n", 6, "gates.0: alpha needs a test"),
         ("  - {name: eval_return, aggregate: average}\n", 6, "gates.0.aggregate: Input should be 'mean'"),
-        ("  - {name: finite, dry_run: maybe}\n", 6, "gates.0.dry_run: Input should be a valid boolean"),
+        ("  - {name: finite, dry_run: maybe}\n", 6, "gates.0.dry_run: expected true or false, got the text 'maybe'"),
         ("  - just a string\n", 6, "gates.0: Input should be a valid dictionary"),
         ("  - {name: finite, decide_by: interval}\n", 6, "gates.0: decide_by: interval needs aggregate: mean"),
         ("  - {name: eval_return, alpha: 0.05}\n", 6, "gates.0: alpha decides by the test's p-value; with "
