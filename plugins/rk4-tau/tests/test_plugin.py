@@ -170,3 +170,11 @@ def test_resume_through_the_trainer_is_bit_identical(tmp_path):
     assert json.dumps(resumed.ctx.stash, sort_keys=True) == json.dumps(straight.ctx.stash, sort_keys=True)
     assert resumed.ctx.signals.snapshot() == straight.ctx.signals.snapshot()
     assert straight.ctx.stash["rk4_tau"]["rk4_intervals"] > 0
+
+
+def test_plugins_list_shows_the_signal_wiring():
+    res = CliRunner().invoke(app, ["plugins", "list", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.stdout)["plugins"]}
+    assert rows["rk4_tau"]["consumes"] == ["context_norm"] and rows["rk4_tau"]["provides"] == ["rk4_substeps"]
+    assert rows["xlstm_context"]["provides"] == ["context_norm", "context_divergence"]
