@@ -37,6 +37,8 @@ class _Ctx(BaseModel):
     model_config = ConfigDict(extra="forbid")
     entropy_coeff: float = Field(description="The loss's entropy coefficient at the checkpoint.")
     stash: dict[str, Any] = Field(description="Plugins' interval state (RunContext.stash).")
+    signals: dict[str, float] = Field(
+        default_factory=dict, description="The interval plugins' typed signals by name (RunContext.signals).")
 
 
 class CheckpointMeta(BaseModel):

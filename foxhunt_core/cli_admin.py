@@ -125,6 +125,7 @@ def _rows(reg: Registry, settings: RunSettings, enabled: list[str] | None) -> li
             "name": m.name, "version": m.version, "position": m.position, "hooks": list(m.hooks),
             "kernels": m.kernel_names(), "parameters": m.parameter_count(settings),
             "requires": {"plugins": list(m.requires.plugins), "core": m.requires.core},
+            "provides": [s.name for s in m.provides], "consumes": list(m.consumes),
             "enabled": None if enabled is None else m.name in enabled,
             "distribution": p.distribution, "description": m.description,
         })

@@ -17,7 +17,8 @@ The schema is a pydantic model built from the run settings and each installed pl
 model (:func:`flag_model`). Beyond the schema: an unknown plugin is an error that lists the
 installed ones; a plugin enabled before its predecessors in the rollout order is an error unless
 ``out_of_order`` gives a reason; an enabled plugin whose required plugins are not enabled is an
-error. Every problem is reported on one line, ``file:line: path.to.field: message``
+error, and so is one that consumes a signal no enabled plugin before it provides
+(:mod:`foxhunt_core.signals`). Every problem is reported on one line, ``file:line: path.to.field: message``
 (:class:`FlagError`); YAML is read safely and under limits (:mod:`foxhunt_core.flagyaml`).
 """
 
@@ -36,6 +37,7 @@ from .config import RunSettings
 from .flagyaml import MAX_BYTES, YamlDoc, YamlProblem, read_yaml
 from .plugins import PluginFilter, Registry, discover
 from .safeio import FileProblem, read_regular
+from .signals import wiring_problems
 
 SCHEMA_VERSION = 1
 MAX_FLAG_BYTES = MAX_BYTES
@@ -196,6 +198,12 @@ def _semantic_problems(ff: Any, doc: YamlDoc, path: str, registry: Registry) -> 
             if req not in on:
                 state = "not enabled" if req in registry.plugins else "not installed"
                 out.append(_problem(path, line, loc, f"{name} requires plugin {req!r}, which is {state}"))
+    loaded = [(n, registry.plugins[n].manifest) for n in order if n in on and n in registry.plugins]
+    for w in wiring_problems(loaded, {n: p.manifest for n, p in registry.plugins.items()}):
+        missing_req = {r for r in registry.plugins[w.consumer].manifest.requires.plugins if r not in on}
+        if not missing_req & set(w.providers):  # else the missing requirement's line already says it
+            line, loc = where(w.consumer)
+            out.append(_problem(path, line, loc, w.message))
     return out
 
 

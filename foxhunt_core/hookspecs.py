@@ -12,7 +12,13 @@ Two kinds of hooks:
   per Q-statistics interval (``train.stats_every`` updates).
 
 Plugins keep their state on :class:`RunContext` (``ctx.stash[plugin_name]``), never in module
-globals; the stash is saved in checkpoints, so it must hold JSON-serialisable values.
+globals; the stash is saved in checkpoints, so it must hold JSON-serialisable values. The stash
+is a plugin's own: interval plugins talk to each other through typed **signals** instead
+(``ctx.signals``, :mod:`foxhunt_core.signals`): a manifest declares the floats it ``provides``
+and ``consumes``, the core checks before the run that each consumed signal has an enabled
+provider earlier in the rollout order, a provider calls
+``ctx.signals.publish(its_name, signal, value)`` and a consumer ``ctx.signals.read(its_name,
+signal)``. Values are checkpointed and written into every Q-statistics record.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pluggy
 
+from .signals import Signals
 from .stages import (
     ActionSelectStage,
     BranchInputStage,
@@ -54,6 +61,8 @@ class RunContext:
     last_stats: dict[str, float] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     """Validated options of every enabled plugin, by plugin name (read-only by convention)."""
+    signals: Signals = field(default_factory=Signals)
+    """The typed channel between interval plugins (declared in manifests; checkpointed)."""
 
     def options_for(self, plugin: str) -> Any:
         return self.options.get(plugin)
@@ -127,8 +136,10 @@ def branch_inputs(ctx: BuildContext) -> BranchInputStage | None:
 def q_stats(ctx: RunContext, record: dict[str, float]) -> None:
     """Receive every Q-statistics record (see :func:`foxhunt_core.qpipe.q_statistics`).
 
-    All implementations are called. ``record`` also holds ``step`` and ``raw_q_drift``. Used
-    by: xLSTM context, atom-utilization EMA.
+    All implementations are called, in rollout order. ``record`` also holds ``step`` and
+    ``raw_q_drift``. A plugin that provides signals publishes them here or in a later hook of the
+    interval; the trainer adds the signals' values to the record after the interval's hooks.
+    Used by: xLSTM context (provides ``context_norm``, ``context_divergence``), atom-utilization EMA.
     """
 
 
@@ -137,8 +148,9 @@ def tau_update(ctx: RunContext, mod: np.ndarray, tau: np.ndarray, dt: float) -> 
     """Advance ``liquid_mod`` [num_branches] over ``dt`` with time constants ``tau``.
 
     Return the new ``liquid_mod`` (first result wins); ``None`` keeps the core's exact step
-    ``1 - (1 - mod) exp(-dt / tau)``. The core clamps the result to [0.1, 2]. Used by: RK4
-    adaptive step.
+    ``1 - (1 - mod) exp(-dt / tau)``. The core clamps the result to [0.1, 2]. Runs after every
+    ``q_stats``, so it reads the signals published there this interval. Used by: RK4 adaptive step
+    (consumes ``context_norm``).
     """
 
 

@@ -2,7 +2,8 @@
 
 A plugin's module implements the ``register_plugin`` hook and calls ``register(manifest)`` with a
 :class:`PluginManifest`: name, version, rollout position, the hooks it implements, its options
-model, its parameter tensors, its kernels and its requirements. The core checks every claim
+model, its parameter tensors, its kernels, its requirements and the signals it provides and
+consumes (:mod:`foxhunt_core.signals`). The core checks every claim
 (:func:`foxhunt_core.plugins.discover`); this module holds the models and the pure checks.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .config import RunSettings
+from .signals import SignalName, SignalSpec
 
 DOCUMENTED_ORDER: tuple[str, ...] = (
     "q_mean_center",
@@ -110,6 +112,10 @@ class PluginManifest(BaseModel):
     parameters: tuple[ParamSpec, ...] = Field((), description="Parameter tensors the plugin adds.")
     kernels: tuple[KernelSpec, ...] = Field((), description="CUDA kernels the plugin ships.")
     requires: Requires = Field(default_factory=Requires, description="Other plugins and core version needed.")
+    provides: tuple[SignalSpec, ...] = Field(
+        (), description="Float signals the plugin publishes to later interval plugins (foxhunt_core.signals).")
+    consumes: tuple[SignalName, ...] = Field(
+        (), description="Signals the plugin reads; each must be provided by an enabled plugin earlier in the order.")
     description: str = Field("", description="One line on what the plugin does.")
     starts_as_identity: bool = Field(
         False, description="At its init the plugin leaves the network's function unchanged (a post-attention "

@@ -28,7 +28,7 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel, ValidationError
 
-from . import __version__, hookspecs
+from . import __version__, hookspecs, signals
 from .manifest import (
     DOCUMENTED_ORDER,
     DOCUMENTED_REQUIRES,
@@ -264,6 +264,7 @@ def validate_plugin(name: str, obj: Any) -> tuple[PluginManifest | None, list[st
         problems.append(f"must declare the documented requirement on {sorted(need)}")
     if name in m.requires.plugins:
         problems.append("requires itself")
+    problems += signals.manifest_problems(m.provides, m.consumes)
     return m, problems
 
 
@@ -318,6 +319,9 @@ def discover(
                 others = sorted(set(names) - {n})
                 reg.problems.setdefault(n, []).append(f"position {pos} is also claimed by {others}")
                 reg.plugins.pop(n, None)
+    for n, clash in signals.provider_clashes({k: p.manifest for k, p in reg.plugins.items()}).items():
+        reg.problems.setdefault(n, []).extend(clash)
+        reg.plugins.pop(n, None)
     return reg
 
 

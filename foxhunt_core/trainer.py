@@ -59,6 +59,7 @@ from .logs import RunLog, Stopwatch, jsonable
 from .market import simulate, split_by_time
 from .plugins import PluginSet
 from .qpipe import branch_argmax
+from .signals import Signals
 
 CHECKPOINT = "checkpoint.safetensors"
 GEMM_TUNING = "gemm_tuning.json"
@@ -114,6 +115,7 @@ class Trainer:
         self.ctx = RunContext(
             step=0, total_steps=t.steps, iqn_readiness=0.0,
             base_entropy_coeff=t.entropy_coeff, entropy_coeff=t.entropy_coeff, options=self.options,
+            signals=Signals.of_plugins((p.name, p.manifest) for p in self.plugins.plugins),
         )
         self.step = 0
         self.first_raw_q_mean: float | None = None
@@ -244,6 +246,7 @@ class Trainer:
         record["entropy_coeff"] = ctx.entropy_coeff
         record["liquid_mod"] = self.liquid.mod.tolist()
         record["iqn_readiness"] = ctx.iqn_readiness
+        ctx.signals.write_into(record)
         self.history.append(record)
         self.log.event("q_stats", **record)
         if not np.isfinite([v for v in record.values() if isinstance(v, float)]).all():
@@ -275,7 +278,8 @@ class Trainer:
             "step": self.step,
             "adam_t": self.agent.opt.t,
             "liquid": self.liquid.state(),
-            "ctx": {"entropy_coeff": self.ctx.entropy_coeff, "stash": self.ctx.stash},
+            "ctx": {"entropy_coeff": self.ctx.entropy_coeff, "stash": self.ctx.stash,
+                    "signals": self.ctx.signals.snapshot()},
             "first_raw_q_mean": self.first_raw_q_mean,
             # this train() call's time so far included, so that a resumed run's rate is right
             "train_seconds": self.train_seconds + (self._clock.seconds() if self._clock is not None else 0.0),
@@ -394,6 +398,10 @@ class Trainer:
         self.liquid.load(meta["liquid"])
         self.ctx.entropy_coeff = float(meta["ctx"]["entropy_coeff"])
         self.ctx.stash = meta["ctx"]["stash"]
+        try:
+            self.ctx.signals.load(meta["ctx"].get("signals", {}), str(path))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
         self.step = int(meta["step"])
         self.first_raw_q_mean = meta["first_raw_q_mean"]
         self.train_seconds = float(meta["train_seconds"])

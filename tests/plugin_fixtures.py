@@ -110,12 +110,14 @@ dict_manifest = Stub({"name": "dict_manifest", "version": "1.0", "position": 32,
 
 
 def install_stand_ins(monkeypatch: Any, *names: str) -> None:
-    """Make discovery see the installed plugins plus the named stand-ins of this module."""
+    """Make discovery see the installed plugins plus the named stand-ins of this module (a stand-in
+    takes the place of an installed plugin of the same name)."""
     from importlib.metadata import EntryPoint
 
     import foxhunt_core.plugins as plugins_mod
 
     real = plugins_mod.entry_points
     extra = [EntryPoint(n, f"plugin_fixtures:{n}", plugins_mod.ENTRY_POINT_GROUP) for n in names]
-    monkeypatch.setattr(plugins_mod, "entry_points", lambda group: list(real(group=group)) + extra)
+    monkeypatch.setattr(plugins_mod, "entry_points",
+                        lambda group: [e for e in real(group=group) if e.name not in names] + extra)
     monkeypatch.delenv("FOXHUNT_PLUGINS", raising=False)
