@@ -22,6 +22,7 @@ derivative with respect to the input is 0 (defect 3). All functions take the arr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,26 @@ def piece_slopes(xp: Any, t: Array) -> tuple[Array, Array, Array, Array]:
     t2 = t * t
     u = 1 - t
     return -u * u / 2, (3 * t2 - 4 * t) / 2, (-3 * t2 + 2 * t + 1) / 2, t2 / 2
+
+
+# The pieces as cubics in t, row p = (P_p's coefficients of 1, t, t^2, t^3): the same four
+# polynomials as :func:`pieces`, in the power basis that the twin evaluates by Horner's rule.
+PIECE_POWERS = np.array([[1.0, -3.0, 3.0, -1.0],
+                         [4.0, 0.0, -6.0, 3.0],
+                         [1.0, 3.0, 3.0, -3.0],
+                         [0.0, 0.0, 0.0, 1.0]]) / 6
+
+
+@lru_cache(maxsize=32)
+def power_map(grid: Grid) -> np.ndarray:
+    """The linear map from a unit's K coefficients to its spline on each interval as a cubic in
+    ``t``: ``[K, G, 4]``, so that on interval ``s`` the spline is ``sum_q (c @ M)[s, q] t^q``.
+    Its transpose maps per-interval moments ``sum md t^q`` back to coefficient gradients."""
+    m = np.zeros((grid.num_bases, grid.intervals, PIECES))
+    for s in range(grid.intervals):
+        m[s : s + PIECES, s, :] = PIECE_POWERS
+    m.setflags(write=False)
+    return m
 
 
 @dataclass
