@@ -17,17 +17,19 @@ defect 1: the plan's kernel added it at ``&d_residual_w + neuron``, the address 
 
 Only the four bases ``span .. span + 3`` are nonzero at any input, so on interval ``s`` the
 unit's spline is one cubic in the local ``t``. The forward turns the coefficients into a table
-of those cubics, ``[W, 4, G]`` (:func:`.spline.power_map`), gathers each element's four
-coefficients from it (``take`` keyed by ``unit * 4G + span``) and evaluates the cubic by Horner's
-rule. The backward locates the elements again, gathers the slope's three coefficients from the
-same table, and sums the moments ``md t^q`` per (unit, interval) in float64, in index order,
-before mapping them back onto the K coefficients with the transposed map. The cache holds no
+of those cubics, ``[W, 4, G + 1]`` (:func:`.spline.power_map`; slot ``G`` continues the last
+cubic past ``hi``, so the located slot needs no clamp), gathers each element's four coefficients
+from it (``take`` keyed by ``unit * 4 (G + 1) + slot``) and evaluates the cubic by Horner's rule.
+The backward locates the elements again, gathers the slope's three coefficients from the same
+table, and sums the moments ``md t^q`` per (unit, slot) in float64, in index order, before
+mapping them back onto the K coefficients with the transposed map. The cache holds no
 per-element array of its own: the forward's input, its output (``0 < gate < 1`` exactly where
-``0 < raw < 1``) and the small table; per-update memory stays that of the sigmoid gate.
+``0 < raw < 1``) and the small table, so the memory an update keeps is the sigmoid gate's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -40,6 +42,47 @@ Array = Any
 
 
 @dataclass(frozen=True)
+class _Plan:
+    """The constants of one grid, dtype and width on one array module."""
+
+    lo: float
+    hi: float
+    inv_step: float
+    slots: int  # G + 1
+    offsets: Array  # [W] unit * 4 (G + 1), in the float dtype where that is exact, else intp
+    to_table: Array  # [K, 4 (G + 1)] in the dtype: coefficients to cubics, column q (G + 1) + slot
+    to_coeff: Array  # [4 (G + 1), K] float64: moments to coefficient gradients
+    slope_scale: Array  # [4, 1] in the dtype: (0, 1, 2, 3) / h, the cubic's coefficients to its slope's
+
+
+def _plan(xp: Any, grid: Grid, dtype: Any, width: int) -> _Plan:
+    """The plan, made once per (grid, dtype, width) on NumPy and on every call elsewhere (a CuPy
+    array belongs to one device)."""
+    if xp is np:
+        return _numpy_plan(grid, np.dtype(dtype), width)
+    return _make_plan(xp, grid, np.dtype(dtype), width)
+
+
+@lru_cache(maxsize=64)
+def _numpy_plan(grid: Grid, dtype: np.dtype, width: int) -> _Plan:
+    return _make_plan(np, grid, dtype, width)
+
+
+def _make_plan(xp: Any, grid: Grid, dtype: np.dtype, width: int) -> _Plan:
+    slots = grid.intervals + 1
+    stride = PIECES * slots
+    exact = width * stride < 2 ** (np.finfo(dtype).nmant + 1)  # unit * stride + slot, added in float
+    offsets = np.arange(width, dtype=dtype if exact else np.intp) * stride
+    m = power_map(grid).transpose(0, 2, 1).reshape(grid.num_bases, stride)
+    scale = np.arange(PIECES, dtype=float)[:, None] / grid.step
+    arrays = [xp.asarray(a) for a in (offsets, m.astype(dtype), np.ascontiguousarray(m.T), scale.astype(dtype))]
+    if xp is np:
+        for a in arrays:
+            a.setflags(write=False)
+    return _Plan(grid.lo, grid.hi, 1.0 / grid.step, slots, *arrays)
+
+
+@dataclass(frozen=True)
 class TwinCache:
     """What :func:`gate_backward` needs from the forward. ``inside_out``, ``loc``, ``first`` and
     ``basis`` are derived on demand for inspection (the backward does not use them)."""
@@ -47,7 +90,7 @@ class TwinCache:
     grid: Grid
     pre: Array  # [B, W] the forward's input
     gate: Array  # [B, W] the forward's output (read-only on NumPy)
-    table: Array  # [W * 4 * G] the units' cubics in t (:func:`cubic_table`)
+    table: Array  # [W * 4 * (G + 1)] the units' cubics in t (:func:`cubic_table`)
 
     @property
     def inside_out(self) -> Array:
@@ -79,70 +122,56 @@ def _module(a: Array) -> Any:
     return np
 
 
-def locate_keys(xp: Any, grid: Grid, pre: Array, width: int) -> tuple[Array, Array, Array]:
-    """``(key, t, inside)``: the element's place ``unit * 4G + span`` in :func:`cubic_table`, its local parameter
-    and whether it lies in ``[lo, hi]``, with :func:`.spline.locate`'s arithmetic (a NaN input
-    lands at ``lo``; ``x = hi`` in the last interval at ``t = 1``), in place on two work arrays."""
-    u = pre.clip(grid.lo, grid.hi)
+def locate_keys(xp: Any, plan: _Plan, pre: Array) -> tuple[Array, Array, Array]:
+    """``(key, t, inside)``: each element's place ``unit * 4 (G + 1) + slot`` in
+    :func:`cubic_table`, its local parameter and whether it lies in ``[lo, hi]``, with
+    :func:`.spline.locate`'s arithmetic (a NaN input lands at ``lo``); in place on two arrays."""
+    u = pre.clip(plan.lo, plan.hi)
     inside = u == pre  # the clamp left it alone; False for NaN
-    if u.size and xp.isnan(u.max()):  # the maximum of a clamped array is NaN only through a NaN
-        u[xp.isnan(u)] = grid.lo
-    u -= grid.lo
-    u *= 1.0 / grid.step
-    span = xp.floor(u)
-    span.clip(0, grid.intervals - 1, out=span)
-    u -= span  # now t
-    stride = PIECES * grid.intervals
-    if width * stride < 2 ** (np.finfo(span.dtype).nmant + 1):  # unit * 4G + span is exact in float
-        span += _unit_offsets(xp, span.dtype, width, stride)
-        return span.astype(np.intp), u, inside
-    key = span.astype(np.intp)
-    key += _unit_offsets(xp, np.intp, width, stride)
+    if u.size and math.isnan(u.max()):  # the maximum of a clamped array is NaN only through a NaN
+        u[xp.isnan(u)] = plan.lo
+    u -= plan.lo
+    u *= plan.inv_step
+    slot = xp.floor(u)  # in [0, G]: u <= G (1 + rounding) after the clamp
+    u -= slot  # now t
+    if plan.offsets.dtype == slot.dtype:
+        slot += plan.offsets
+        return slot.astype(np.intp), u, inside
+    key = slot.astype(np.intp)
+    key += plan.offsets
     return key, u, inside
 
 
-def _unit_offsets(xp: Any, dtype: Any, width: int, stride: int) -> Array:
-    """``unit * stride`` for ``unit = 0 .. width - 1``."""
-    if xp is np:
-        return _numpy_offsets(np.dtype(dtype), width, stride)
-    return xp.arange(width, dtype=dtype) * stride
+def cubic_table(xp: Any, plan: _Plan, coeff: Array) -> Array:
+    """``[W * 4 * (G + 1)]``: the ``t^q`` coefficient of unit ``w``'s cubic on slot ``s`` at
+    ``w * 4 (G + 1) + q (G + 1) + s``, so that an element's four lie at ``key + q (G + 1)``."""
+    return (coeff @ plan.to_table).reshape(-1)
 
 
-@lru_cache(maxsize=64)
-def _numpy_offsets(dtype: np.dtype, width: int, stride: int) -> np.ndarray:
-    out = np.arange(width, dtype=dtype) * stride
-    out.setflags(write=False)
+def _horner(table: Array, key: Array, t: Array, slots: int, first: int = 0) -> Array:
+    """``sum_q table[key + (first + q) slots] t^q`` for ``q = 0 .. 3 - first`` by Horner's rule,
+    gathering one coefficient at a time (``table[key + j]`` is ``table[j:][key]``)."""
+    out = table[DEGREE * slots :].take(key)
+    for q in range(DEGREE - 1, first - 1, -1):
+        out *= t
+        out += table[q * slots :].take(key)
     return out
 
 
-@lru_cache(maxsize=64)
-def _maps(grid: Grid, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`.spline.power_map` as ``[K, 4 * G]`` in ``dtype`` (coefficients to cubics, the
-    ``t^q`` coefficient of interval ``s`` in column ``q * G + s``) and as ``[4 * G, K]`` in float64
-    (moments to coefficient gradients)."""
-    m = power_map(grid).transpose(0, 2, 1).reshape(grid.num_bases, PIECES * grid.intervals)
-    fwd, bwd = m.astype(dtype), np.ascontiguousarray(m.T)
-    fwd.setflags(write=False)
-    bwd.setflags(write=False)
-    return fwd, bwd
-
-
-def cubic_table(xp: Any, grid: Grid, coeff: Array) -> Array:
-    """``[W * 4 * G]``: the ``t^q`` coefficient of unit ``w``'s spline on interval ``s`` at
-    ``w * 4G + q * G + s``, so that an element's four lie at ``key + q * G``."""
-    m = _maps(grid, np.dtype(coeff.dtype))[0]
-    return (coeff @ (m if xp is np else xp.asarray(m))).reshape(-1)
-
-
-def gate_forward(xp: Any, grid: Grid, coeff: Array, residual: Array, pre: Array) -> tuple[Array, TwinCache]:
-    """Gate values [B, W] from ``pre`` [B, W], ``coeff`` [W, K] and ``residual`` [W]."""
+def _check(grid: Grid, coeff: Array, residual: Array, pre: Array) -> None:
     width, k = coeff.shape
     if k != grid.num_bases or pre.shape[-1] != width or residual.shape != (width,):
         raise ValueError(f"kan_gate: coeff {coeff.shape}, residual {residual.shape} and pre {pre.shape} "
                          f"do not fit {grid.num_bases} bases")
-    key, t, _ = locate_keys(xp, grid, pre, width)
-    table = cubic_table(xp, grid, coeff)
-    raw = _horner(table, key, t, grid.intervals)
+
+
+def gate_forward(xp: Any, grid: Grid, coeff: Array, residual: Array, pre: Array) -> tuple[Array, TwinCache]:
+    """Gate values [B, W] from ``pre`` [B, W], ``coeff`` [W, K] and ``residual`` [W]."""
+    _check(grid, coeff, residual, pre)
+    plan = _plan(xp, grid, pre.dtype, coeff.shape[0])
+    key, t, _ = locate_keys(xp, plan, pre)
+    table = cubic_table(xp, plan, coeff)
+    raw = _horner(table, key, t, plan.slots)
     raw += residual * pre
     gate = raw.clip(0, 1, out=raw)
     if xp is np:
@@ -150,48 +179,32 @@ def gate_forward(xp: Any, grid: Grid, coeff: Array, residual: Array, pre: Array)
     return gate, TwinCache(grid, pre, gate, table)
 
 
-def _horner(table: Array, key: Array, t: Array, g: int, scale: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0),
-            first: int = 0) -> Array:
-    """``sum_q scale[q] table[key + (first + q) G] t^q`` by Horner's rule over ``len(scale)`` terms,
-    gathering one coefficient at a time (``table[key + q G]`` is ``table[q G:][key]``)."""
-    n = len(scale) - 1
-    out = table[(first + n) * g:].take(key)
-    if scale[n] != 1.0:
-        out *= scale[n]
-    for q in range(n - 1, -1, -1):
-        out *= t
-        a = table[(first + q) * g:].take(key)
-        if scale[q] != 1.0:
-            a *= scale[q]
-        out += a
-    return out
-
-
 def gate_backward(xp: Any, grid: Grid, coeff: Array, residual: Array, cache: TwinCache,
                   dgate: Array) -> tuple[Array, Array, Array]:
     """``(dpre [B, W], dcoeff [W, K], dresidual [W])`` from the gate's gradient ``dgate`` [B, W]."""
-    width, k = coeff.shape
-    g = grid.intervals
+    width = coeff.shape[0]
     dt = dgate.dtype
-    key, t, inside = locate_keys(xp, grid, cache.pre, width)
+    plan = _plan(xp, grid, cache.pre.dtype, width)
+    key, t, inside = locate_keys(xp, plan, cache.pre)
     md = xp.where(cache.inside_out, dgate, 0).astype(dt, copy=False)
     dres = (md * cache.pre).sum(axis=0)
     # the spline's input slope, (a1 + 2 a2 t + 3 a3 t^2) / h, and 0 where the input was clamped
-    inv = 1.0 / grid.step
-    slope = _horner(cache.table, key, t, g, (inv, 2 * inv, 3 * inv), first=1)
+    slope_table = (cache.table.reshape(width, PIECES, plan.slots) * plan.slope_scale).reshape(-1)
+    slope = _horner(slope_table, key, t, plan.slots, first=1)
     slope *= inside
-    dpre = md * (slope.astype(dt, copy=False) + residual)
-    # per (unit, interval): the moments sum md t^q, q = 0..3, then back onto the K coefficients
+    slope += residual
+    slope *= md
+    dpre = slope.astype(dt, copy=False)
+    # per (unit, slot): the moments sum md t^q, q = 0..3, then back onto the K coefficients
     keys = key.reshape(-1)
     w = md.reshape(-1).astype(np.float64)
     t64 = t.reshape(-1).astype(np.float64)
-    moments = xp.zeros(width * PIECES * g, dtype=np.float64)  # laid out as the table
+    moments = xp.zeros(width * PIECES * plan.slots, dtype=np.float64)  # laid out as the table
     for q in range(PIECES):
-        _scatter_add(xp, moments[q * g:], keys, w)
+        _scatter_add(xp, moments[q * plan.slots :], keys, w)
         if q < DEGREE:
             w *= t64
-    m = _maps(grid, np.dtype(coeff.dtype))[1]
-    dcoeff = moments.reshape(width, PIECES * g) @ (m if xp is np else xp.asarray(m))
+    dcoeff = moments.reshape(width, PIECES * plan.slots) @ plan.to_coeff
     return dpre, dcoeff.astype(dt), dres
 
 

@@ -21,6 +21,7 @@ derivative with respect to the input is 0 (defect 3). All functions take the arr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -87,11 +88,18 @@ PIECE_POWERS = np.array([[1.0, -3.0, 3.0, -1.0],
 @lru_cache(maxsize=32)
 def power_map(grid: Grid) -> np.ndarray:
     """The linear map from a unit's K coefficients to its spline on each interval as a cubic in
-    ``t``: ``[K, G, 4]``, so that on interval ``s`` the spline is ``sum_q (c @ M)[s, q] t^q``.
-    Its transpose maps per-interval moments ``sum md t^q`` back to coefficient gradients."""
-    m = np.zeros((grid.num_bases, grid.intervals, PIECES))
-    for s in range(grid.intervals):
+    ``t``: ``[K, G + 1, 4]``, so that on interval ``s`` the spline is ``sum_q (c @ M)[s, q] t^q``.
+    Slot ``G`` is the last interval's cubic continued past ``hi`` (re-expanded about ``t = 1``), so
+    that ``u = (x - lo) / h`` lands in slot ``floor(u)`` at ``t = u - floor(u)`` for every clamped
+    ``x``, ``x = hi`` included, with no clamp of the slot. The transpose maps per-slot moments
+    ``sum md t^q`` back to coefficient gradients."""
+    g = grid.intervals
+    m = np.zeros((grid.num_bases, g + 1, PIECES))
+    for s in range(g):
         m[s : s + PIECES, s, :] = PIECE_POWERS
+    # p(1 + t) = sum_j t^j sum_q C(q, j) a_q
+    shift = np.array([[math.comb(q, j) for j in range(PIECES)] for q in range(PIECES)], dtype=float)
+    m[:, g, :] = m[:, g - 1, :] @ shift
     m.setflags(write=False)
     return m
 
