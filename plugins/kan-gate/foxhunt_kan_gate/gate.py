@@ -17,12 +17,13 @@ defect 1: the plan's kernel added it at ``&d_residual_w + neuron``, the address 
 
 Only the four bases ``span .. span + 3`` are nonzero at any input, so on interval ``s`` the
 unit's spline is one cubic in the local ``t``. The forward turns the coefficients into a table
-of those cubics, ``[W, 4, G + 1]`` (:func:`.spline.power_map`; slot ``G`` continues the last
-cubic past ``hi``, so the located slot needs no clamp), gathers each element's four coefficients
-from it (``take`` keyed by ``unit * 4 (G + 1) + slot``) and evaluates the cubic by Horner's rule.
-The backward locates the elements again, gathers the slope's three coefficients from the same
-table, and sums the moments ``md t^q`` per (unit, slot) in float64, in index order, before
-mapping them back onto the K coefficients with the transposed map. The cache holds no
+of those cubics, one row of four power coefficients per (unit, slot), ``[W * (G + 1), 4]``
+(:func:`.spline.power_map`; slot ``G`` continues the last cubic past ``hi``, so the located slot
+needs no clamp), gathers each element's row with one ``take`` keyed by ``unit * (G + 1) + slot``
+and evaluates the cubic by Horner's rule. The backward locates the elements again, gathers the
+slope's rows from the same table scaled, and sums the moments ``md t^q`` per (unit, slot) in
+float64, in index order, before mapping them back onto the K coefficients with the transposed
+map. The cache holds no
 per-element array of its own: the forward's input, its output (``0 < gate < 1`` exactly where
 ``0 < raw < 1``) and the small table, so the memory an update keeps is the sigmoid gate's.
 """
@@ -49,10 +50,10 @@ class _Plan:
     hi: float
     inv_step: float
     slots: int  # G + 1
-    offsets: Array  # [W] unit * 4 (G + 1), in the float dtype where that is exact, else intp
-    to_table: Array  # [K, 4 (G + 1)] in the dtype: coefficients to cubics, column q (G + 1) + slot
-    to_coeff: Array  # [4 (G + 1), K] float64: moments to coefficient gradients
-    slope_scale: Array  # [4, 1] in the dtype: (0, 1, 2, 3) / h, the cubic's coefficients to its slope's
+    offsets: Array  # [W] unit * (G + 1), in the float dtype where that is exact, else intp
+    to_table: Array  # [K, (G + 1) 4] in the dtype: coefficients to cubics, column slot * 4 + q
+    to_coeff: Array  # [(G + 1) 4, K] float64: moments to coefficient gradients
+    slope_scale: Array  # [4] in the dtype: (0, 1, 2, 3) / h, a cubic's coefficients to its slope's
 
 
 def _plan(xp: Any, grid: Grid, dtype: Any, width: int) -> _Plan:
@@ -70,11 +71,10 @@ def _numpy_plan(grid: Grid, dtype: np.dtype, width: int) -> _Plan:
 
 def _make_plan(xp: Any, grid: Grid, dtype: np.dtype, width: int) -> _Plan:
     slots = grid.intervals + 1
-    stride = PIECES * slots
-    exact = width * stride < 2 ** (np.finfo(dtype).nmant + 1)  # unit * stride + slot, added in float
-    offsets = np.arange(width, dtype=dtype if exact else np.intp) * stride
-    m = power_map(grid).transpose(0, 2, 1).reshape(grid.num_bases, stride)
-    scale = np.arange(PIECES, dtype=float)[:, None] / grid.step
+    exact = width * slots < 2 ** (np.finfo(dtype).nmant + 1)  # unit * slots + slot, added in float
+    offsets = np.arange(width, dtype=dtype if exact else np.intp) * slots
+    m = power_map(grid).reshape(grid.num_bases, slots * PIECES)
+    scale = np.arange(PIECES, dtype=float) / grid.step
     arrays = [xp.asarray(a) for a in (offsets, m.astype(dtype), np.ascontiguousarray(m.T), scale.astype(dtype))]
     if xp is np:
         for a in arrays:
@@ -90,7 +90,7 @@ class TwinCache:
     grid: Grid
     pre: Array  # [B, W] the forward's input
     gate: Array  # [B, W] the forward's output (read-only on NumPy)
-    table: Array  # [W * 4 * (G + 1)] the units' cubics in t (:func:`cubic_table`)
+    table: Array  # [W * (G + 1), 4] the units' cubics in t (:func:`cubic_table`)
 
     @property
     def inside_out(self) -> Array:
@@ -123,8 +123,8 @@ def _module(a: Array) -> Any:
 
 
 def locate_keys(xp: Any, plan: _Plan, pre: Array) -> tuple[Array, Array, Array]:
-    """``(key, t, inside)``: each element's place ``unit * 4 (G + 1) + slot`` in
-    :func:`cubic_table`, its local parameter and whether it lies in ``[lo, hi]``, with
+    """``(key, t, inside)``: each element's row ``unit * (G + 1) + slot`` of :func:`cubic_table`,
+    its local parameter and whether it lies in ``[lo, hi]``, with
     :func:`.spline.locate`'s arithmetic (a NaN input lands at ``lo``); in place on two arrays."""
     u = pre.clip(plan.lo, plan.hi)
     inside = u == pre  # the clamp left it alone; False for NaN
@@ -143,18 +143,18 @@ def locate_keys(xp: Any, plan: _Plan, pre: Array) -> tuple[Array, Array, Array]:
 
 
 def cubic_table(xp: Any, plan: _Plan, coeff: Array) -> Array:
-    """``[W * 4 * (G + 1)]``: the ``t^q`` coefficient of unit ``w``'s cubic on slot ``s`` at
-    ``w * 4 (G + 1) + q (G + 1) + s``, so that an element's four lie at ``key + q (G + 1)``."""
-    return (coeff @ plan.to_table).reshape(-1)
+    """``[W * (G + 1), 4]``: row ``unit * (G + 1) + slot`` holds the coefficients of ``1, t, t^2,
+    t^3`` of the unit's cubic on that slot."""
+    return (coeff @ plan.to_table).reshape(-1, PIECES)
 
 
-def _horner(table: Array, key: Array, t: Array, slots: int, first: int = 0) -> Array:
-    """``sum_q table[key + (first + q) slots] t^q`` for ``q = 0 .. 3 - first`` by Horner's rule,
-    gathering one coefficient at a time (``table[key + j]`` is ``table[j:][key]``)."""
-    out = table[DEGREE * slots :].take(key)
-    for q in range(DEGREE - 1, first - 1, -1):
+def _horner(rows: Array, t: Array, first: int = 0) -> Array:
+    """``sum_q rows[..., q] t^(q - first)`` for ``q = first .. 3`` by Horner's rule."""
+    out = rows[..., DEGREE] * t
+    for q in range(DEGREE - 1, first, -1):
+        out += rows[..., q]
         out *= t
-        out += table[q * slots :].take(key)
+    out += rows[..., first]
     return out
 
 
@@ -171,7 +171,7 @@ def gate_forward(xp: Any, grid: Grid, coeff: Array, residual: Array, pre: Array)
     plan = _plan(xp, grid, pre.dtype, coeff.shape[0])
     key, t, _ = locate_keys(xp, plan, pre)
     table = cubic_table(xp, plan, coeff)
-    raw = _horner(table, key, t, plan.slots)
+    raw = _horner(table.take(key, axis=0), t)  # one [B, W, 4] row gather
     raw += residual * pre
     gate = raw.clip(0, 1, out=raw)
     if xp is np:
@@ -189,8 +189,7 @@ def gate_backward(xp: Any, grid: Grid, coeff: Array, residual: Array, cache: Twi
     md = xp.where(cache.inside_out, dgate, 0).astype(dt, copy=False)
     dres = (md * cache.pre).sum(axis=0)
     # the spline's input slope, (a1 + 2 a2 t + 3 a3 t^2) / h, and 0 where the input was clamped
-    slope_table = (cache.table.reshape(width, PIECES, plan.slots) * plan.slope_scale).reshape(-1)
-    slope = _horner(slope_table, key, t, plan.slots, first=1)
+    slope = _horner((cache.table * plan.slope_scale).take(key, axis=0), t, first=1)
     slope *= inside
     slope += residual
     slope *= md
@@ -199,12 +198,12 @@ def gate_backward(xp: Any, grid: Grid, coeff: Array, residual: Array, cache: Twi
     keys = key.reshape(-1)
     w = md.reshape(-1).astype(np.float64)
     t64 = t.reshape(-1).astype(np.float64)
-    moments = xp.zeros(width * PIECES * plan.slots, dtype=np.float64)  # laid out as the table
+    moments = xp.zeros((width * plan.slots, PIECES), dtype=np.float64)  # laid out as the table
     for q in range(PIECES):
-        _scatter_add(xp, moments[q * plan.slots :], keys, w)
+        _scatter_add(xp, moments[:, q], keys, w)
         if q < DEGREE:
             w *= t64
-    dcoeff = moments.reshape(width, PIECES * plan.slots) @ plan.to_coeff
+    dcoeff = moments.reshape(width, plan.slots * PIECES) @ plan.to_coeff
     return dpre, dcoeff.astype(dt), dres
 
 
