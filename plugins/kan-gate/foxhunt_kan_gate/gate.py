@@ -23,9 +23,9 @@ needs no clamp), gathers each element's row with one ``take`` keyed by ``unit * 
 and evaluates the cubic by Horner's rule. The backward locates the elements again, gathers the
 slope's rows from the same table scaled, and sums the moments ``md t^q`` per (unit, slot) in
 float64, in index order, before mapping them back onto the K coefficients with the transposed
-map. The cache holds no
-per-element array of its own: the forward's input, its output (``0 < gate < 1`` exactly where
-``0 < raw < 1``) and the small table, so the memory an update keeps is the sigmoid gate's.
+map. The cache holds no per-element array of its own: the forward's input, its output
+(``0 < gate < 1`` exactly where ``0 < raw < 1``) and the small table, so what an update keeps
+alive between the forward and the backward is what the sigmoid gate's would.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def locate_keys(xp: Any, plan: _Plan, pre: Array) -> tuple[Array, Array, Array]:
     u = pre.clip(plan.lo, plan.hi)
     inside = u == pre  # the clamp left it alone; False for NaN
     if u.size and math.isnan(u.max()):  # the maximum of a clamped array is NaN only through a NaN
-        u[xp.isnan(u)] = plan.lo
+        u[xp.isnan(u)] = plan.lo  # as fmax in spline.locate and the kernels: a NaN input lands at lo
     u -= plan.lo
     u *= plan.inv_step
     slot = xp.floor(u)  # in [0, G]: u <= G (1 + rounding) after the clamp
