@@ -25,11 +25,13 @@ from .checkpoint import CheckpointError, atomic_write_text, load_checkpoint
 from .config import RunSettings
 from .flags import FlagError, load_flags, parse_flags
 from .logs import jsonable
+from .market.loaders import DataError
 from .plugins import PluginError, discover
 from .trainer import CHECKPOINT, EVAL_COLUMNS, Trainer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt: C51 trading agents.")
 console = Console(stderr=True)
+FORMAT_HELP = "--data's format: ohlcv (bars) or l1 (quotes; --trades the trades)."
 out_console = Console()
 
 
@@ -72,6 +74,7 @@ def _evaluate_and_report(trainer: Trainer, split: str = "test") -> dict[str, Any
         "updates_per_second": trainer.step / trainer.train_seconds if trainer.train_seconds else None,
         "steady_updates_per_second": trainer.steady_updates_per_second,
         "final_stats": {k: last.get(k) for k in ("raw_q_drift", "atom_utilization", "atom_entropy")},
+        **trainer.evaluation_notes(),
         "policies": table,
     }
     if trainer.out_dir is not None:
@@ -81,13 +84,21 @@ def _evaluate_and_report(trainer: Trainer, split: str = "test") -> dict[str, Any
 
 
 def print_table(report: dict[str, Any]) -> None:
-    t = Table(title=f"evaluation on the {report['split']} split ({report['bars']} bars, step {report['step']})")
+    interval = report.get("interval", {})
+    bar = f", {interval['label']} bars, {interval['bars_per_year']:,.0f} a year" if interval else ""
+    t = Table(title=f"evaluation on the {report['split']} split ({report['bars']} bars{bar}, step {report['step']})",
+              caption="sharpe, volatility and turnover annualized", caption_justify="left")
     t.add_column("policy")
     for c in EVAL_COLUMNS:
         t.add_column(c, justify="right")
     for name, row in report["policies"].items():
-        t.add_row(name, *(f"{row[c]:+.4f}" for c in EVAL_COLUMNS))
+        t.add_row(name, *(f"{row.get(c, float('nan')):+.4f}" for c in EVAL_COLUMNS))
     out_console.print(t)
+    for key in ("market", "costs"):
+        if report.get(key):
+            out_console.print(f"{key}: {report[key]}", highlight=False)
+    if report.get("selection"):
+        out_console.print(f"selection: {report['selection']['verdict']}", highlight=False)
 
 
 def _write_manifest(out: Path, flags_path: str, flags_text: str, sha: str, settings: RunSettings,
@@ -112,12 +123,17 @@ def train(
     steps: int | None = typer.Option(None, help="Gradient updates (overrides the flag file)."),
     seed: int | None = typer.Option(None, help="Run seed (overrides the flag file)."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (overrides the flag file)."),
+    data: Path | None = typer.Option(None, help="Train on this data file (CSV/Parquet), not the flag file's market."),
+    data_format: str = typer.Option("ohlcv", "--format", help=FORMAT_HELP),
+    trades: Path | None = typer.Option(None, help="With --format l1: the trades file."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> None:
     """Train an agent with the plugins a flag file enables, then evaluate it on the test split."""
     try:
         f = load_flags(flags)
         over: dict[str, Any] = {}
+        if data is not None:
+            over["market"] = _data_market(f.settings, data, data_format, trades)
         if seed is not None:
             over["seed"] = seed
         if device is not None:
@@ -128,7 +144,7 @@ def train(
         settings = RunSettings.model_validate(settings.model_dump())
         plugins = (f.registry or discover()).plugin_set(f.enabled)
         trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models, console=not quiet)
-    except (FlagError, PluginError, BackendError) as exc:
+    except (FlagError, PluginError, BackendError, DataError, UsageFailure) as exc:
         _fail(str(exc))
     except ValidationError as exc:
         _fail("\n".join(f"command line: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
@@ -138,6 +154,21 @@ def train(
     console.print(f"run [bold]{out}[/]: device {trainer.device}, seed {settings.seed}, "
                   f"{settings.train.steps} updates, plugins {plugins.names or 'none'}", highlight=False)
     _run(trainer, None)
+
+
+def _data_market(settings: RunSettings, data: Path, fmt: str, trades: Path | None) -> Any:
+    """The market settings of ``--data`` (the flag file's own market fields kept where they apply)."""
+    from .market.source import file_market
+
+    if fmt not in ("ohlcv", "l1"):
+        raise UsageFailure(f"--format must be ohlcv or l1, not {fmt!r}")
+    if (fmt == "l1") != (trades is not None):
+        raise UsageFailure("--trades goes with --format l1 (and l1 needs it)")
+    for p in (data, trades):
+        if p is not None and not p.is_file():
+            raise UsageFailure(f"{p}: no such data file")
+    keep = settings.market.model_dump(exclude={"source", "path", "trades_path", "format"})
+    return type(settings.market).model_validate({**keep, **file_market(data, fmt, trades)})
 
 
 def _rebuild(meta: dict[str, Any], out: Path | None, source: str) -> Trainer:
@@ -179,9 +210,11 @@ def resume(
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="A checkpoint file or a run directory."),
     split: str = typer.Option("test", help="Split of the run's market: train, val or test."),
-    data: Path | None = typer.Option(None, help="Evaluate on an OHLCV bar file (CSV or Parquet) instead."),
+    data: Path | None = typer.Option(None, help="Evaluate on this data file (CSV/Parquet), split like the run."),
+    data_format: str = typer.Option("ohlcv", "--format", help=FORMAT_HELP),
+    trades: Path | None = typer.Option(None, help="With --format l1: the trades file."),
 ) -> None:
-    """Evaluate a checkpoint's greedy policy and the baselines; prints the table."""
+    """Evaluate a checkpoint's deployed policy (the one selected on validation) and the baselines."""
     ckpt = checkpoint / CHECKPOINT if checkpoint.is_dir() else checkpoint
     if split not in ("train", "val", "test"):
         _fail(f"--split must be train, val or test, not {split!r}")
@@ -190,10 +223,13 @@ def eval_cmd(
         trainer = _rebuild(meta, None, str(ckpt))
         trainer.load(ckpt)
         if data is not None:
-            from .market import load_bars_for_eval
+            from .market.source import load_market
 
-            trainer.splits = load_bars_for_eval(data, trainer.settings.market)
-    except (CheckpointError, FlagError, PluginError, BackendError) as exc:
+            settings = trainer.settings
+            market = _data_market(settings, data, data_format, trades)
+            trainer.source = load_market(settings.model_copy(update={"market": market}))
+            trainer.market, trainer.splits = trainer.source.data, trainer.source.splits
+    except (CheckpointError, FlagError, PluginError, BackendError, DataError, UsageFailure) as exc:
         _fail(str(exc))
     except ValueError as exc:
         _fail(str(exc))
@@ -202,9 +238,11 @@ def eval_cmd(
 
 def _register_admin() -> None:
     from .cli_admin import flags_app, plugins_app
+    from .cli_runs import runs_app
 
     app.add_typer(flags_app, name="flags")
     app.add_typer(plugins_app, name="plugins")
+    app.add_typer(runs_app, name="runs")
 
     from foxhunt_ops.cli import rollout_app  # ops/foxhunt_ops, installed with foxhunt-core
 
