@@ -53,8 +53,8 @@ def test_annualization_scales_with_the_bars_in_a_year():
     assert hour["volatility"] == pytest.approx(day["volatility"] * np.sqrt(24))
     assert hour["turnover"] == pytest.approx(day["turnover"] * 24)
     assert hour["total_return"] == day["total_return"]
-    # the synthetic market states its bar: one hour, 24 a day, 5 days a week
-    assert BAR.seconds == 3600 and BAR.bars_per_year == pytest.approx(120 * 365.25 / 7)
+    # the synthetic market states its bar: one hour of a 7-hour session, 5 days a week
+    assert BAR.seconds == 3600 and BAR.bars_per_year == pytest.approx(35 * 365.25 / 7)
 
 
 def test_flat_is_exactly_zero(test_split):

@@ -41,9 +41,10 @@ the spread ``S_t`` (whole ticks) is even and to the half-tick grid when it is od
 ``beta * alpha * f_t`` over that of the rest of the change,
 ``sqrt(beta^2 (1 - lam + s_eta^2) + noise_ticks^2)``, is ``edge_snr``, which fixes ``alpha``
 (:func:`price_alpha`). ``edge_snr = 0`` is a market whose price is a martingale; the book and
-the flow still behave as below. The default, 0.1, is a forecastable share of the bar's variance
-of 1 % (``snr^2 / (1 + snr^2)``): a least-squares forecast that trades only when it beats the
-cost earns an annualized Sharpe ratio of about 2 on the test split (README).
+the flow still behave as below. The default, 0.3, is a forecastable share of the bar's variance
+of 8 % (``snr^2 / (1 + snr^2)``); since a bar moves about as much as the spread, a least-squares
+forecast that trades only when it beats the cost earns an annualized Sharpe ratio of about 2 on
+the test split (README, ``tests/market/test_market_synthetic.py``).
 
 **Spread.** ``S_t = 1 + Poisson(spread_k + 0.15 |x_t|)`` ticks, redrawn with probability
 ``SPREAD_REDRAW`` per bar (and at every regime change), otherwise kept: spreads are sticky and
@@ -61,9 +62,10 @@ and is tilted by the expected next flow: ``I_t = tanh(kappa * E_t[x_{t+1}] + s_I
 probability ``sigmoid(gamma * n_t)`` (trade signs follow the flow); buy and sell volumes are
 Gamma-distributed sums of exponential trade sizes of mean ``TRADE_SIZE``.
 
-**The bar.** One hour, 24 bars a day, 5 days a week (Monday 00:00 to Friday 24:00 UTC, from
-2024-01-01): :data:`BAR`, 6 261 bars a year; with the default ``noise_ticks`` (8 ticks of 1 bp a
-bar) an annualized volatility of about 6.5 %, spreads of 1-2 bp: a liquid currency pair's hour.
+**The bar.** One hour of a 7-hour session (13:00-20:00 UTC) on weekdays from 1990-01-01:
+:data:`BAR`, 1 826 bars a year. The scale is that of a thinly traded instrument: with the default
+``noise_ticks`` (2 ticks of 1 bp) a bar moves about as much as its spread (1-2 ticks), so what an
+order pays matters as much as what it forecasts.
 """
 
 from __future__ import annotations
@@ -94,16 +96,17 @@ SPREAD_REDRAW = 0.3
 TRADE_SIZE = 5.0
 TRADE_SIGN_GAIN = 1.0  # gamma
 BAR_NS = 3_600_000_000_000  # one-hour bars
-BARS_PER_WEEK = 24 * 5
-T0_NS = 1_704_067_200_000_000_000  # 2024-01-01T00:00:00Z, a Monday
-BAR = BarInterval(seconds=3600.0, bars_per_year=BARS_PER_WEEK * 365.25 / 7, source="synthetic")
+SESSION_BARS, SESSION_OPEN_H = 7, 13  # a 7-hour session, 13:00-20:00 UTC, on weekdays
+T0_NS = 631_152_000_000_000_000  # 1990-01-01T00:00:00Z, a Monday
+BAR = BarInterval(seconds=3600.0, bars_per_year=SESSION_BARS * 5 * 365.25 / 7, source="synthetic")
 
 
 def timestamps(t_len: int) -> np.ndarray:
-    """Close times of ``t_len`` hourly bars of weekdays from :data:`T0_NS` (int64 ns)."""
+    """Close times of ``t_len`` hourly session bars of weekdays from :data:`T0_NS` (int64 ns)."""
     i = np.arange(t_len, dtype=np.int64)
-    week, hour = np.divmod(i, BARS_PER_WEEK)
-    return T0_NS + (week * 7 * 24 + hour + 1) * BAR_NS
+    day, hour = np.divmod(i, SESSION_BARS)
+    week, weekday = np.divmod(day, 5)
+    return T0_NS + ((week * 7 + weekday) * 24 + SESSION_OPEN_H + hour + 1) * BAR_NS
 
 
 def price_alpha(settings: MarketSettings) -> float:
