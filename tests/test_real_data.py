@@ -110,3 +110,14 @@ def test_bad_data_is_one_line_and_writes_nothing(tmp_path):
     short.write_text(DATA.read_text().splitlines()[0] + "\n" + "\n".join(DATA.read_text().splitlines()[1:60]) + "\n")
     res = foxhunt("train", "--flags", flags, "--out", out, "--data", short, check=False)
     assert res.returncode == 2 and "episode_len" in res.stderr and not out.exists()
+
+
+@pytest.mark.gpu
+def test_train_on_a_real_file_on_the_gpu(tmp_path):
+    flags = tmp_path / "small.yaml"
+    flags.write_text(SMALL.replace("device: cpu", "device: cuda"))
+    out = tmp_path / "run"
+    foxhunt("train", "--flags", flags, "--out", out, "--data", DATA, "--quiet")
+    report = json.loads((out / "eval.json").read_text())
+    assert report["device"] == "cuda" and report["interval"]["label"] == "1d"
+    assert [h["step"] for h in report["selection"]["history"]] == [20, 40, 60]
