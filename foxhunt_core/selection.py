@@ -20,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 NO_EDGE = "no edge found on validation"
 
 
@@ -89,7 +87,3 @@ class Selection:
         return {**self.state(), "every": self.every, "fallback": self.fallback, "edge": self.edge,
                 "deployed": "flat" if self.deploys_flat else ("best" if self.params is not None else "last"),
                 "verdict": self.verdict()}
-
-
-def finite_metrics(metrics: dict[str, float]) -> bool:
-    return bool(np.isfinite([float(v) for v in metrics.values()]).all())
