@@ -41,31 +41,16 @@ the spread ``S_t`` (whole ticks) is even and to the half-tick grid when it is od
 ``beta * alpha * f_t`` over that of the rest of the change,
 ``sqrt(beta^2 (1 - lam + s_eta^2) + noise_ticks^2)``, is ``edge_snr``, which fixes ``alpha``
 (:func:`price_alpha`). ``edge_snr = 0`` is a market whose price is a martingale; the book and
-the flow still behave as below. The default, 0.3, is a forecastable share of the bar's variance
-of 8 % (``snr^2 / (1 + snr^2)``); since a bar moves about as much as the spread, a least-squares
-forecast that trades only when it beats the cost earns an annualized Sharpe ratio of about 2 on
-the test split (README, ``tests/market/test_market_synthetic.py``).
-
-**Spread.** ``S_t = 1 + Poisson(spread_k + 0.15 |x_t|)`` ticks, redrawn with probability
-``SPREAD_REDRAW`` per bar (and at every regime change), otherwise kept: spreads are sticky and
-wider in the volatile regime.
-
-**Depth.** The mean L1 size mean-reverts in logs::
-
-    log D_t = rho * log D_{t-1} + (1 - rho) * log Dbar_k + sd * xi_t
-
-and is tilted by the expected next flow: ``I_t = tanh(kappa * E_t[x_{t+1}] + s_I * omega_t)``,
-``bid_size = D_t (1 + 0.8 I_t)``, ``ask_size = D_t (1 - 0.8 I_t)`` (rounded, at least 1), where
-``E_t[x_{t+1}] = phi x_t + (1 - phi) mu_k + sf_k sqrt(lam) nu_t``.
-
-**Trades.** ``N_t ~ Poisson(rate_k * (1 + 0.25 |n_t|))`` trades per bar; each is a buy with
-probability ``sigmoid(gamma * n_t)`` (trade signs follow the flow); buy and sell volumes are
-Gamma-distributed sums of exponential trade sizes of mean ``TRADE_SIZE``.
+the flow still behave as below. The default, 0.55, is a forecastable share of the bar's
+variance of 23 % (``snr^2 / (1 + snr^2)``, ``alpha`` 0.93); since a bar moves about as much as
+the spread, a least-squares forecast that trades only when it beats the cost seldom trades and
+earns an annualized Sharpe ratio of 1-3 on the test split (README,
+``tests/market/test_market_synthetic.py``).
 
 **The bar.** One hour of a 7-hour session (13:00-20:00 UTC) on weekdays from 1990-01-01:
 :data:`BAR`, 1 826 bars a year. The scale is that of a thinly traded instrument: with the default
-``noise_ticks`` (2 ticks of 1 bp) a bar moves about as much as its spread (1-2 ticks), so what an
-order pays matters as much as what it forecasts.
+``noise_ticks`` (1 tick of 1 bp) a bar moves about 1.3 ticks, as much as its spread (1-2 ticks),
+so what an order pays matters as much as what it forecasts.
 """
 
 from __future__ import annotations
