@@ -41,8 +41,10 @@ def export_sp500(path: Path) -> Path:
     return path
 
 
-def train(seed: int, out: Path, data: Path | None, steps: int | None) -> dict:
+def train(seed: int, out: Path, data: Path | None, steps: int | None, reuse: bool = False) -> dict:
     run = out / f"seed-{seed}"
+    if reuse and (run / "eval.json").is_file():
+        return json.loads((run / "eval.json").read_text())
     exe = Path(sys.executable).parent / "foxhunt"
     cmd = [str(exe), "train", "--flags", str(FLAGS), "--out", str(run), "--seed", str(seed), "--device", "cpu",
            "--quiet"]
@@ -91,12 +93,14 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--steps", type=int, default=None, help="updates per run (default: the flag file's)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "tables")
+    ap.add_argument("--reuse", action="store_true", help="keep a seed's finished run (its eval.json) instead of "
+                    "training it again")
     args = ap.parse_args()
     out = args.out / args.kind
     out.mkdir(parents=True, exist_ok=True)
     data = export_sp500(out / "sp500.csv") if args.kind == "real" else None
     with ThreadPoolExecutor(args.workers) as pool:
-        futures = {s: pool.submit(train, s, out, data, args.steps) for s in args.seeds}
+        futures = {s: pool.submit(train, s, out, data, args.steps, args.reuse) for s in args.seeds}
         reports = {s: f.result() for s, f in futures.items()}
     text, ok = table(args.kind, reports)
     (args.out / f"{args.kind}.md").write_text(text)
