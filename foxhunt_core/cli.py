@@ -25,19 +25,24 @@ from .cli_support import OperatorError, checked_checkpoint, flag_data_lines, os_
 from .config import RunSettings
 from .flags import FlagError, load_flags, parse_flags
 from .logs import jsonable
+from .market.loaders import DataError
 from .plugins import PluginError, discover
 from .runlock import NewRun, RunDirError, run_lock
 from .trainer import CHECKPOINT, EVAL_COLUMNS, Trainer
-
-OPERATOR_ERRORS = (FlagError, PluginError, BackendError, CheckpointError, OperatorError, RunDirError)
+from .validation import split_problem
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="foxhunt: C51 trading agents.")
 console = Console(stderr=True)
+FORMAT_HELP = "--data's format: ohlcv (bars) or l1 (quotes; --trades the trades)."
 out_console = Console()
 
 
 class UsageFailure(Exception):
     """An operator error: printed as one line, exit code 2."""
+
+
+OPERATOR_ERRORS = (FlagError, PluginError, BackendError, CheckpointError, OperatorError, RunDirError, DataError,
+                   UsageFailure)
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -76,6 +81,7 @@ def _evaluate_and_report(trainer: Trainer, split: str = "test") -> dict[str, Any
         "steady_updates_per_second": trainer.steady_updates_per_second,
         "final_stats": {k: last.get(k) for k in ("raw_q_drift", "atom_utilization", "atom_entropy")},
         "value_bias": value_bias.measure(trainer, split),
+        **trainer.evaluation_notes(),
         "policies": table,
     }
     if trainer.out_dir is not None:
@@ -85,13 +91,21 @@ def _evaluate_and_report(trainer: Trainer, split: str = "test") -> dict[str, Any
 
 
 def print_table(report: dict[str, Any]) -> None:
-    t = Table(title=f"evaluation on the {report['split']} split ({report['bars']} bars, step {report['step']})")
+    interval = report.get("interval", {})
+    bar = f", {interval['label']} bars, {interval['bars_per_year']:,.0f} a year" if interval else ""
+    t = Table(title=f"evaluation on the {report['split']} split ({report['bars']} bars{bar}, step {report['step']})",
+              caption="sharpe, volatility and turnover annualized", caption_justify="left")
     t.add_column("policy")
     for c in EVAL_COLUMNS:
         t.add_column(c, justify="right")
     for name, row in report["policies"].items():
-        t.add_row(name, *(f"{row[c]:+.4f}" for c in EVAL_COLUMNS))
+        t.add_row(name, *(f"{row.get(c, float('nan')):+.4f}" for c in EVAL_COLUMNS))
     out_console.print(t)
+    for key in ("market", "costs"):
+        if report.get(key):
+            out_console.print(f"{key}: {report[key]}", highlight=False)
+    if report.get("selection"):
+        out_console.print(f"selection: {report['selection']['verdict']}", highlight=False)
 
 
 def _write_manifest(out: Path, flags_path: str, flags_text: str, sha: str, settings: RunSettings,
@@ -116,6 +130,9 @@ def train(
     steps: int | None = typer.Option(None, help="Gradient updates (overrides the flag file)."),
     seed: int | None = typer.Option(None, help="Run seed (overrides the flag file)."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (overrides the flag file)."),
+    data: Path | None = typer.Option(None, help="Train on this data file (CSV/Parquet), not the flag file's market."),
+    data_format: str = typer.Option("ohlcv", "--format", help=FORMAT_HELP),
+    trades: Path | None = typer.Option(None, help="With --format l1: the trades file."),
     quiet: bool = typer.Option(False, help="No progress output."),
     init_from: Path | None = typer.Option(None, "--init-from", help="Warm start: begin from this checkpoint's "
                                           "parameters; newly enabled plugins' at their init."),
@@ -125,6 +142,9 @@ def train(
     try:
         f = load_flags(flags)
         settings = with_overrides(f.settings, steps=steps, seed=seed, device=device)
+        if data is not None:
+            market = _data_market(settings, data, data_format, trades)
+            settings = RunSettings.model_validate({**settings.model_dump(), "market": market.model_dump()})
         problems = flag_data_lines(f, settings)
         if problems:
             raise OperatorError(problems)
@@ -150,6 +170,21 @@ def train(
         _fail(str(exc))
     except OSError as exc:
         _fail(os_error_line(exc))
+
+
+def _data_market(settings: RunSettings, data: Path, fmt: str, trades: Path | None) -> Any:
+    """The market settings of ``--data`` (the flag file's own market fields kept where they apply)."""
+    from .market.source import file_market
+
+    if fmt not in ("ohlcv", "l1"):
+        raise UsageFailure(f"--format must be ohlcv or l1, not {fmt!r}")
+    if (fmt == "l1") != (trades is not None):
+        raise UsageFailure("--trades goes with --format l1 (and l1 needs it)")
+    for p in (data, trades):
+        if p is not None and not p.is_file():
+            raise UsageFailure(f"{p}: no such data file")
+    keep = settings.market.model_dump(exclude={"source", "path", "trades_path", "format"})
+    return type(settings.market).model_validate({**keep, **file_market(data, fmt, trades)})
 
 
 def _rebuild(meta: dict[str, Any], out: Path | None, source: str) -> Trainer:
@@ -197,9 +232,11 @@ def resume(
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="A checkpoint file or a run directory."),
     split: str = typer.Option("test", help="Split of the run's market: train, val or test."),
-    data: Path | None = typer.Option(None, help="Evaluate on an OHLCV bar file (CSV or Parquet) instead."),
+    data: Path | None = typer.Option(None, help="Evaluate on this data file (CSV/Parquet), split like the run."),
+    data_format: str = typer.Option("ohlcv", "--format", help=FORMAT_HELP),
+    trades: Path | None = typer.Option(None, help="With --format l1: the trades file."),
 ) -> None:
-    """Evaluate a checkpoint's greedy policy and the baselines; prints the table."""
+    """Evaluate a checkpoint's deployed policy (the one selected on validation) and the baselines."""
     ckpt = checkpoint / CHECKPOINT if checkpoint.is_dir() else checkpoint
     if split not in ("train", "val", "test"):
         _fail(f"--split must be train, val or test, not {split!r}")
@@ -208,9 +245,15 @@ def eval_cmd(
         trainer = _rebuild(meta, None, str(ckpt))
         trainer.load(ckpt, history=False)
         if data is not None:
-            from .market import load_bars_for_eval
+            from .market.source import load_market
 
-            trainer.splits = load_bars_for_eval(data, trainer.settings.market, split)
+            settings = trainer.settings
+            market = _data_market(settings, data, data_format, trades)
+            trainer.source = load_market(settings.model_copy(update={"market": market}))
+            trainer.market, trainer.splits = trainer.source.data, trainer.source.splits
+            why = split_problem(len(trainer.market), market.train_fraction, market.val_fraction, None, split)
+            if why is not None:
+                raise DataError(f"{data}: {why}")
     except OPERATOR_ERRORS as exc:
         _fail(str(exc))
     except OSError as exc:
@@ -222,9 +265,11 @@ def eval_cmd(
 
 def _register_admin() -> None:
     from .cli_admin import flags_app, plugins_app
+    from .cli_runs import runs_app
 
     app.add_typer(flags_app, name="flags")
     app.add_typer(plugins_app, name="plugins")
+    app.add_typer(runs_app, name="runs")
 
     from foxhunt_ops.cli import rollout_app  # ops/foxhunt_ops, installed with foxhunt-core
 

@@ -48,9 +48,10 @@ def test_train_writes_run_directory_and_eval_table(trained):
         assert (out / name).is_file(), name
     report = json.loads((out / "eval.json").read_text())
     assert report["split"] == "test" and report["step"] == 60
-    assert set(report["policies"]) == {"policy", "flat", "random", "buy_and_hold"}
+    assert set(report["policies"]) == {"policy", "flat", "random", "buy_and_hold", "linear", "momentum"}
     for row in report["policies"].values():
-        assert {"total_return", "sharpe", "max_drawdown", "turnover"} <= set(row)
+        assert {"total_return", "sharpe", "volatility", "max_drawdown", "turnover"} <= set(row)
+    assert report["interval"]["label"] == "1h" and report["selection"]["verdict"]
     assert report["policies"]["flat"]["total_return"] == 0.0
     assert "buy_and_hold" in res.stdout and "total_return" in res.stdout  # the printed table
 
