@@ -120,6 +120,7 @@ class Agent:
             self.opt.use_flat(flat)
         self.z = c51.support(settings.net.v_min, settings.net.v_max, settings.net.num_atoms, xp, dtype)
         self.branch_base = xp.asarray(self.offsets[:-1], dtype=xp.int64)[None, :]  # first action of each branch
+        self._q_outputs = ("q", "var") if post else ("q",)  # what the Q pipeline reads of a forward
 
     def _one(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> Any:
         res = plugins.ordered(hook, ctx=ctx)
@@ -137,8 +138,9 @@ class Agent:
     def act_values(self, obs: Array, iqn_readiness: float, params: Tree | None = None) -> Array:
         """Selection values [B, A] for observations [B, S] (no caches kept)."""
         params = self.online if params is None else params
-        # Only an action-select stage reads the distributions; without one E[Q] is enough.
-        wanted = ("probs", "q", "var") if self.qpipe.select is not None else ("q",)
+        # Only an action-select stage reads the distributions; without one E[Q] is enough (and
+        # Var[Q], which post-attention stages read).
+        wanted = ("probs", "q", "var") if self.qpipe.select is not None else self._q_outputs
         out = self.net.forward(params, obs, outputs=wanted)
         q = self._qpipe(params, out)
         return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness)
@@ -213,8 +215,8 @@ class Agent:
                 K.copy(self._online_twin.buffer, self._flats[0].buffer)
                 online_next = self._online_twin.tree
             out, on_next, tgt = self.net.forward_many(
-                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, ("q",)), (self.target, nxt, (F.HEADS,))],
-                keep_cache=True)
+                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, self._q_outputs),
+                 (self.target, nxt, (F.HEADS,))], keep_cache=True)
             # Bootstrap, projection, loss and its gradient over all actions: the bootstrap
             # actions' target distributions (from the target's heads), the gather of the taken
             # rows and the scatter of the gradient happen inside the loss kernel.
