@@ -91,6 +91,7 @@ class Agent:
             p = st.init_params(rng)
             if p:
                 tree[st.name] = p
+        plugins.check_parameters(tree, settings, options)  # each plugin's tensors as its manifest declares
         self.online: Tree = tree_to(xp, tree, dtype)
         flat = None
         self._online_twin: Any = None
