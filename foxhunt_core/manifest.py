@@ -220,6 +220,9 @@ def parameter_mismatches(m: PluginManifest, actual: Any, settings: RunSettings, 
     return out
 
 
+_BOUNDS = r"__launch_bounds__\s*\([^)]*\)\s*"
+
+
 def kernel_problems(spec: KernelSpec) -> list[str]:
     """A missing .cu file, or a declared kernel the file does not define."""
     try:
@@ -228,7 +231,7 @@ def kernel_problems(spec: KernelSpec) -> list[str]:
         return [f"kernel source {spec.path} cannot be read ({exc.strerror})"]
     out = []
     for fn in spec.functions:
-        if not re.search(rf'extern\s+"C"\s+__global__\s+void\s+{re.escape(fn)}\s*\(', src):
+        if not re.search(rf'extern\s+"C"\s+__global__\s+(?:{_BOUNDS})?void\s+(?:{_BOUNDS})?{re.escape(fn)}\s*\(', src):
             out.append(f"kernel {fn!r} is not defined in {spec.path.name}")
     return out
 

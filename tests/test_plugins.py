@@ -154,3 +154,13 @@ def test_plugins_list_reports_a_broken_plugin_and_exits_2(monkeypatch):
     monkeypatch.setenv("FOXHUNT_PLUGINS", "no:raises")
     res = CliRunner().invoke(app, ["plugins", "list"])
     assert res.exit_code == 0 and "plugin 'raises': not loaded (blocked by FOXHUNT_PLUGINS)" in res.stdout
+
+
+def test_declared_kernels_may_carry_launch_bounds(tmp_path):
+    from foxhunt_core.manifest import KernelSpec, kernel_problems
+
+    cu = tmp_path / "k.cu"
+    cu.write_text('extern "C" __global__ void __launch_bounds__(128, 3) a(int n) {}\n'
+                  'extern "C" __global__ __launch_bounds__(64) void b(int n) {}\n')
+    assert kernel_problems(KernelSpec(path=cu, functions=("a", "b"))) == []
+    assert kernel_problems(KernelSpec(path=cu, functions=("c",))) == ["kernel 'c' is not defined in k.cu"]
