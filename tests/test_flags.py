@@ -38,8 +38,12 @@ def _doc(plugins: dict, **top) -> str:
 # ----------------------------------------------------------------------------- stage files
 def test_one_stage_file_per_installed_stage():
     reg = discover()
-    installed = [n for n in reg.rollout_order() if n in reg.plugins]
-    assert [int(p.name[6:8]) for p in STAGES] == list(range(len(installed) + 1))
+    # Stages cover the installed prefix of the rollout order: a plugin installed past a position
+    # whose plugin is not (yet) installed gets its stage file once the gap closes, and runs from
+    # an out_of_order example file (flags/examples/) until then.
+    order = reg.rollout_order()
+    prefix = next((i for i, n in enumerate(order) if n not in reg.plugins), len(order))
+    assert [int(p.name[6:8]) for p in STAGES] == list(range(prefix + 1))
     base = load_flags(STAGES[0])
     for n, path in enumerate(STAGES):
         f = load_flags(path)

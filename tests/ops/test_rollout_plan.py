@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,7 @@ def test_dry_run_prints_the_stages_and_gates_and_writes_nothing(tmp_path: Path, 
     res = invoke("rollout", "run", ROOT / "ops" / "plans" / "default.yaml", "--dry-run")
     assert res.exit_code == 0, res.output
     assert "10 stage(s), 9 trial(s)" in res.output
-    assert "SKIP: stage 9 needs quantile_select (position 3), graph_message (position 4)" in res.output
+    # (the missing plugins are listed in order; which ones depends on what the checkout installs)
+    assert re.search(r"SKIP: stage 9 needs .*rk4_tau \(position 9\), not installed", res.output), res.output
     assert "eval_return       eval_return (difference, mean) min -0.05, sign test" in res.output
     assert list(tmp_path.iterdir()) == []
