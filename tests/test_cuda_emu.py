@@ -57,3 +57,36 @@ extern "C" __global__ void shuffles(const float* x, float* out) {
             assert res[b, t, 1] == v[t ^ 5]
             assert res[b, t, 2] == v[t // 16 * 16 + 7]
             assert res[b, t, 3] == v[63 - t] + lane
+
+
+def test_a_barrier_some_threads_never_reach_is_reported(tmp_path):
+    src = tmp_path / "divergent.cu"
+    src.write_text(r'''
+extern "C" __global__ void divergent(float* out) {
+    if (threadIdx.x < 40) {
+        __syncthreads();   // lanes 40..63 of the second warp meet a warp barrier instead
+    } else {
+        __syncwarp();
+    }
+    out[threadIdx.x] = 1.0f;
+}
+''')
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        cuda_emu.run(src, {"out": np.zeros(64, np.float32)}, [cuda_emu.Launch("divergent", 1, 64, ["out"])])
+
+
+def test_threads_that_return_early_drop_out_of_the_barrier(tmp_path):
+    src = tmp_path / "early.cu"
+    src.write_text(r'''
+extern "C" __global__ void early(const int* n, float* out) {
+    __shared__ float s[64];
+    if ((int)threadIdx.x >= n[0]) return;
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[n[0] - 1 - threadIdx.x];
+}
+''')
+    res = cuda_emu.run(src, {"n": np.array([37], np.int32), "out": np.full(64, -1.0, np.float32)},
+                       [cuda_emu.Launch("early", 1, 64, ["n", "out"])])["out"]
+    np.testing.assert_array_equal(res[:37], np.arange(36, -1, -1, dtype=np.float32))
+    assert (res[37:] == -1.0).all()

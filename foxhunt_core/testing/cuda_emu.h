@@ -1,23 +1,25 @@
 // A host emulation of the CUDA execution model, enough to run a plain kernel's source on the CPU
 // (foxhunt_core/testing/cuda_emu.py compiles a kernel file with this header force-included).
 //
-// What it models: a grid of blocks run one after another; the threads of a block as host
-// threads, so __syncthreads is a real barrier over them (a thread that returns drops out of it,
-// as on the device); warps of 32 consecutive threads with __syncwarp and the __shfl_*_sync
-// exchanges (every lane of the warp must take part, as with a full mask); __shared__ variables
-// as function statics, one copy that the block's threads share (blocks never run at once).
-// What it does not: timing, memory ordering beyond the barriers, atomics, dynamic shared memory,
-// inline PTX, textures. It is a check of a kernel's indexing and arithmetic, not of its speed.
+// What it models: a grid of blocks run one after another; the threads of a block as cooperative
+// fibers (ucontext) on one host thread, switched only at barriers, so __syncthreads is a real
+// barrier over the block (a thread that returns drops out of it, as on the device); warps of 32
+// consecutive threads with __syncwarp and the __shfl_*_sync exchanges (every lane of the warp must
+// take part, as with a full mask); __shared__ variables as function statics, one copy that the
+// block's threads share (blocks never run at once). A barrier no thread can pass (a divergent
+// __syncthreads) stops the program with a message. What it does not model: timing, memory ordering
+// beyond the barriers, atomics, dynamic shared memory, inline PTX, textures. It is a check of a
+// kernel's indexing, barriers and arithmetic, not of its speed.
 #pragma once
 
 #include <math.h>
+#include <ucontext.h>
 
-#include <barrier>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <memory>
-#include <thread>
 #include <vector>
 
 struct dim3 {
@@ -27,27 +29,78 @@ struct dim3 {
 
 namespace emu {
 
-struct Warp {
-    explicit Warp(int n) : bar(n), slot(32) {}
-    std::barrier<> bar;
-    std::vector<uint64_t> slot;
+enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+
+struct Fiber {
+    ucontext_t ctx;
+    State state = RUNNABLE;
+    int tid = 0;
 };
 
-struct Block {
-    explicit Block(int n) : bar(n) {}
-    std::barrier<> bar;
-    std::vector<std::unique_ptr<Warp>> warps;
-};
+inline dim3 thread_idx, block_idx, block_dim, grid_dim;
+inline std::vector<Fiber> fibers;
+inline std::vector<uint64_t> slots;   // one shuffle slot per thread of the block
+inline ucontext_t scheduler;
+inline Fiber* cur = nullptr;
+inline const std::function<void()>* body = nullptr;
+constexpr size_t kStack = 256 * 1024;
 
-inline thread_local dim3 thread_idx;
-inline thread_local dim3 block_idx;
-inline thread_local Block* block = nullptr;
-inline dim3 block_dim;
-inline dim3 grid_dim;
+inline int lane() { return cur->tid % 32; }
 
-inline int linear_thread() { return (int)(thread_idx.x + block_dim.x * (thread_idx.y + block_dim.y * thread_idx.z)); }
-inline Warp& warp() { return *block->warps[linear_thread() / 32]; }
-inline int lane() { return linear_thread() % 32; }
+inline void wait(State s) {
+    cur->state = s;
+    swapcontext(&cur->ctx, &scheduler);
+}
+
+inline void entry() {
+    (*body)();
+    cur->state = DONE;   // returns to the scheduler through uc_link
+}
+
+inline void run_block(int n) {
+    for (;;) {
+        bool ran = false;
+        for (int t = 0; t < n; ++t) {
+            Fiber& f = fibers[t];
+            if (f.state != RUNNABLE) continue;
+            cur = &f;
+            thread_idx = dim3(t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y));
+            swapcontext(&scheduler, &f.ctx);
+            ran = true;
+        }
+        if (ran) continue;
+        bool live = false, all_block = true, released = false;
+        for (int t = 0; t < n; ++t) {
+            if (fibers[t].state == DONE) continue;
+            live = true;
+            all_block = all_block && fibers[t].state == AT_BLOCK_BARRIER;
+        }
+        if (!live) return;
+        if (all_block) {
+            for (int t = 0; t < n; ++t)
+                if (fibers[t].state == AT_BLOCK_BARRIER) fibers[t].state = RUNNABLE;
+            continue;
+        }
+        for (int w = 0; w < (n + 31) / 32; ++w) {
+            bool any = false, all = true;
+            for (int t = 32 * w; t < n && t < 32 * w + 32; ++t) {
+                if (fibers[t].state == DONE) continue;
+                any = true;
+                all = all && fibers[t].state == AT_WARP_BARRIER;
+            }
+            if (any && all) {
+                for (int t = 32 * w; t < n && t < 32 * w + 32; ++t)
+                    if (fibers[t].state == AT_WARP_BARRIER) fibers[t].state = RUNNABLE;
+                released = true;
+            }
+        }
+        if (!released) {
+            std::fprintf(stderr, "cuda_emu: block (%u, %u, %u) deadlocks: some threads wait at __syncthreads, "
+                                 "others at a warp barrier\n", block_idx.x, block_idx.y, block_idx.z);
+            std::exit(4);
+        }
+    }
+}
 
 template <class T>
 inline uint64_t to_bits(T v) {
@@ -64,42 +117,43 @@ inline T from_bits(uint64_t u) {
     return v;
 }
 
-// Every lane publishes v, then reads the lane ``src`` (its own where src is out of range).
+// Every lane publishes v, then reads the lane ``src`` of its warp (its own where out of range).
 template <class T>
 inline T exchange(T v, int src) {
-    Warp& w = warp();
-    const int me = lane();
-    w.slot[me] = to_bits(v);
-    w.bar.arrive_and_wait();
-    const uint64_t got = (src >= 0 && src < 32) ? w.slot[src] : w.slot[me];
-    w.bar.arrive_and_wait();
+    const int me = cur->tid, base = me / 32 * 32;
+    slots[me] = to_bits(v);
+    wait(AT_WARP_BARRIER);
+    const uint64_t got = (src >= 0 && src < 32 && base + src < (int)fibers.size()) ? slots[base + src] : slots[me];
+    wait(AT_WARP_BARRIER);
     return from_bits<T>(got);
 }
 
-// Runs ``body`` (the kernel call) for every thread of every block of ``grid``.
-inline void launch(dim3 grid, dim3 blk, const std::function<void()>& body) {
+// Runs ``fn`` (the kernel call) for every thread of every block of ``grid``.
+inline void launch(dim3 grid, dim3 blk, const std::function<void()>& fn) {
     const int n = (int)(blk.x * blk.y * blk.z);
     block_dim = blk;
     grid_dim = grid;
+    body = &fn;
+    std::vector<char*> stacks(n);
+    for (auto& st : stacks) st = static_cast<char*>(std::malloc(kStack));
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
-                Block b(n);
-                for (int w = 0; w < (n + 31) / 32; ++w) b.warps.emplace_back(new Warp(n - 32 * w < 32 ? n - 32 * w : 32));
-                std::vector<std::thread> threads;
-                threads.reserve(n);
+                block_idx = dim3(bx, by, bz);
+                fibers.assign(n, Fiber());
+                slots.assign(n, 0);
                 for (int t = 0; t < n; ++t) {
-                    threads.emplace_back([&, t, bx, by, bz] {
-                        thread_idx = dim3(t % blk.x, t / blk.x % blk.y, t / (blk.x * blk.y));
-                        block_idx = dim3(bx, by, bz);
-                        block = &b;
-                        body();
-                        b.warps[t / 32]->bar.arrive_and_drop();
-                        b.bar.arrive_and_drop();
-                    });
+                    Fiber& f = fibers[t];
+                    f.tid = t;
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = stacks[t];
+                    f.ctx.uc_stack.ss_size = kStack;
+                    f.ctx.uc_link = &scheduler;
+                    makecontext(&f.ctx, entry, 0);
                 }
-                for (auto& th : threads) th.join();
+                run_block(n);
             }
+    for (auto* st : stacks) std::free(st);
 }
 
 }  // namespace emu
@@ -114,9 +168,10 @@ inline void launch(dim3 grid, dim3 blk, const std::function<void()>& body) {
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 
-inline void __syncthreads() { emu::block->bar.arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp().bar.arrive_and_wait(); }
+inline void __syncthreads() { emu::wait(emu::AT_BLOCK_BARRIER); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::AT_WARP_BARRIER); }
 
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src, int width = 32) {

@@ -1,7 +1,8 @@
 """Run a ``.cu`` kernel's source on the CPU (host threads as CUDA threads) to check it without a GPU.
 
 The kernel file is compiled by the host C++ compiler with ``cuda_emu.h`` force-included (which maps
-``threadIdx``, ``__syncthreads``, ``__shared__``, warp shuffles, ... onto host threads and barriers)
+``threadIdx``, ``__syncthreads``, ``__shared__``, warp shuffles, ... onto cooperative fibers and
+barriers on one host thread)
 and the same ``#define`` preamble :func:`foxhunt_core.backend.load_module` prepends. A generated
 ``main`` loads the named NumPy buffers, runs the launches in order and writes the buffers back.
 
@@ -119,7 +120,7 @@ def run(cu_path: str | Path, buffers: Mapping[str, np.ndarray], launches: Sequen
         if exe is None or not exe.exists():
             build = Path(tempfile.gettempdir()) / f"cuda_emu_{key}"
             (d / "main.cpp").write_text(src)
-            cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-w", "-include", str(HEADER), f"-I{cu.parent}",
+            cmd = [cxx, "-std=c++17", "-O1", "-w", "-include", str(HEADER), f"-I{cu.parent}",
                    str(d / "main.cpp"), "-o", str(build)]
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             if res.returncode != 0:
