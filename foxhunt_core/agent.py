@@ -91,6 +91,7 @@ class Agent:
             p = st.init_params(rng)
             if p:
                 tree[st.name] = p
+        plugins.check_parameters(tree, settings, options)  # each plugin's tensors as its manifest declares
         self.online: Tree = tree_to(xp, tree, dtype)
         flat = None
         self._online_twin: Any = None
@@ -120,6 +121,7 @@ class Agent:
             self.opt.use_flat(flat)
         self.z = c51.support(settings.net.v_min, settings.net.v_max, settings.net.num_atoms, xp, dtype)
         self.branch_base = xp.asarray(self.offsets[:-1], dtype=xp.int64)[None, :]  # first action of each branch
+        self._q_outputs = ("q", "var") if post else ("q",)  # what the Q pipeline reads of a forward
 
     def _one(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> Any:
         res = plugins.ordered(hook, ctx=ctx)
@@ -139,8 +141,9 @@ class Agent:
         """Selection values [B, A] for observations [B, S] (no caches kept): collection's, or
         greedy evaluation's (``evaluation``: coordinated Q unless the select stage says otherwise)."""
         params = self.online if params is None else params
-        # Only an action-select stage reads the distributions; without one E[Q] is enough.
-        wanted = ("probs", "q", "var") if self.qpipe.selects(evaluation) else ("q",)
+        # Only an action-select stage reads the distributions; without one E[Q] is enough (and
+        # Var[Q], which post-attention stages read).
+        wanted = ("probs", "q", "var") if self.qpipe.selects(evaluation) else self._q_outputs
         out = self.net.forward(params, obs, outputs=wanted)
         q = self._qpipe(params, out)
         return self.qpipe.selection_values(out.probs, self.z, q, iqn_readiness, evaluation=evaluation)
@@ -215,8 +218,8 @@ class Agent:
                 K.copy(self._online_twin.buffer, self._flats[0].buffer)
                 online_next = self._online_twin.tree
             out, on_next, tgt = self.net.forward_many(
-                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, ("q",)), (self.target, nxt, (F.HEADS,))],
-                keep_cache=True)
+                [(self.online, obs, F.ALL_OUTPUTS), (online_next, nxt, self._q_outputs),
+                 (self.target, nxt, (F.HEADS,))], keep_cache=True)
             # Bootstrap, projection, loss and its gradient over all actions: the bootstrap
             # actions' target distributions (from the target's heads), the gather of the taken
             # rows and the scatter of the gradient happen inside the loss kernel.
