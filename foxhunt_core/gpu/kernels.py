@@ -60,12 +60,13 @@ import numpy as np
 
 from ..backend import check_array
 from . import tma
+from .defines import DEFAULT_DEFINES, value
 from .launch import (
-    DEFAULT_DEFINES,
     HEAD_ALIGN,
     THREADS,
     blocks_for,
     branch_defines,
+    dueling_blocks_per_sm,
     f32,
     head_columns,
     i32,
@@ -138,19 +139,11 @@ def _elementwise_grid(total: int) -> int:
 
 
 # ------------------------------------------------------------------ dueling.cu
-def _dueling_blocks_per_sm(num_atoms: int, offsets: Sequence[int]) -> int:
-    """Blocks of the two dueling row kernels resident per SM: dueling.cu's
-    ``DUELING_BLOCKS_PER_SM`` (the same formula), which its ``__launch_bounds__`` guarantees."""
-    size = max(b - a for a, b in zip(offsets[:-1], offsets[1:]))
-    lane_floats = 3 * -(-num_atoms // 32) * size + 3 * min(size, 10)
-    return 4 if lane_floats <= 27 else 3 if lane_floats <= 36 else 2 if lane_floats <= 60 else 1
-
-
 def _dueling_grid(items: int, num_atoms: int, offsets: Sequence[int]) -> int:
     """Blocks of the two dueling row kernels, whose warps walk ``items`` rows (forward) or samples
     (backward) with a grid stride: at most as many as are resident at once, and no more than give
     every warp the same number of items (the busiest warp sets the time)."""
-    per_warp = max(1, -(-int(items) // (_dueling_blocks_per_sm(num_atoms, offsets) * sm_count() * WARPS)))
+    per_warp = max(1, -(-int(items) // (dueling_blocks_per_sm(num_atoms, offsets) * sm_count() * WARPS)))
     return blocks_for(-(-int(items) // per_warp), WARPS)
 
 
@@ -552,15 +545,15 @@ def glu_forward(pv: Array, *, width: int | None = None, blocks: int = 1, h: Arra
     return h
 
 
-GLU_GEMM_ROWS, GLU_GEMM_COLS, GLU_GEMM_THREADS = 128, 128, 288  # glu_gemm.cu's tile and block
-GLU_GEMM_BOX_K = 32  # columns of K per TMA box (one 128-byte swizzle row)
-GLU_GEMM_STAGES = 4
+GLU_GEMM_ROWS, GLU_GEMM_COLS, GLU_GEMM_THREADS = value("TC_BM"), value("GW_BH"), value("TC_THREADS")
+GLU_GEMM_BOX_K = value("TC_BK")  # columns of K per TMA box (one 128-byte swizzle row)
+GLU_GEMM_STAGES = value("GW_STAGES")
 # h's boxes (32 columns x 128 rows, 16 KiB) glu_gemm.cu's staging buffer holds, and how many of them
 # a hand-off to the TMA unit takes (GW_STAGED_BOXES, GW_STORE_BOXES): the tile's four at once take
 # 64 KiB, which leaves room for three stages only; two used in turn, one at a time, make room for a
 # fourth.
-GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = 2, 1
-GLU_GEMM_CLUSTER = 2  # CTAs per cluster, sharing their weight loads (TMA multicast)
+GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = value("GW_STAGED_BOXES"), value("GW_STORE_BOXES")
+GLU_GEMM_CLUSTER = value("GW_CLUSTER")  # CTAs per cluster, sharing their weight loads (TMA multicast)
 # pv through the staging buffer by TMA stores (GW_PV_TMA), where TMA can address it (16-byte aligned,
 # a row pitch of a multiple of 4 floats); otherwise, or with this off, stored from the registers.
 GLU_GEMM_PV_TMA = True
@@ -706,12 +699,12 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     return h
 
 
-LINEAR_GEMM_COLS = 160  # linear_gemm.cu's tile: 128 rows x 160 columns (the wgmma's N)
-LINEAR_GEMM_STAGES = 4
-LINEAR_GEMM_CLUSTER = 1
-LINEAR_GEMM_SETS = 4  # operand sets per launch, at most (LG_BRANCHES)
-LINEAR_GEMM_DUELING_WARPS = 7  # heads_dueling's dueling warps beside the consumers and the producer
-LINEAR_GEMM_DUELING_THREADS = GLU_GEMM_THREADS + 32 * LINEAR_GEMM_DUELING_WARPS  # (LG_THREADS)
+LINEAR_GEMM_COLS = value("LG_BN")  # linear_gemm.cu's tile: 128 rows x 160 columns (the wgmma's N)
+LINEAR_GEMM_STAGES = value("LG_STAGES")
+LINEAR_GEMM_CLUSTER = value("LG_CLUSTER")
+LINEAR_GEMM_SETS = value("LG_BRANCHES")  # operand sets per launch, at most
+LINEAR_GEMM_DUELING_WARPS = value("LG_DUELING_WARPS")  # heads_dueling's dueling warps beside the others
+LINEAR_GEMM_DUELING_THREADS = value("LG_DUELING_THREADS")
 # linear_gemm.cu's LinearArgs: every set's three tensor maps, then its bias pointer (64-byte aligned).
 LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias", np.uint64, (LINEAR_GEMM_SETS,)),
                         ("pad", np.uint64, (-LINEAR_GEMM_SETS % 8,))])
@@ -861,8 +854,8 @@ def heads_dueling_fills(rows: int, sets: int) -> bool:
     return sets * -(-rows // GLU_GEMM_ROWS) >= sm_count()
 
 
-HEADS_DUELING_LANES = 8  # lanes per row of heads_dueling's dueling warps (dueling_row.cuh DG_LANES)
-HEADS_DUELING_BUDGET = 24  # a branch's logits per lane, at most (DG_BUDGET)
+HEADS_DUELING_LANES = value("DG_LANES")  # lanes per row of heads_dueling's dueling warps
+HEADS_DUELING_BUDGET = value("DG_BUDGET")  # a branch's logits per lane, at most
 HEADS_DUELING_STAGED = True  # False: the distributions straight out, not through the staging buffer (LG_DUELING_STAGED)
 
 
@@ -958,10 +951,10 @@ def heads_dueling(
     return log_probs, probs, q, var
 
 
-GLU_BACKWARD_GEMM_SETS = 3  # branches per launch, at most (GB_SETS)
-GLU_BACKWARD_GEMM_STAGES = 3
-GLU_BACKWARD_GEMM_THREADS = 352  # the consumers, the ring's producer, pv's loader and its storer (GB_THREADS)
-GLU_BACKWARD_GEMM_PARTS = 4  # the staging buffer's parts, three mbarriers each (GB_PARTS)
+GLU_BACKWARD_GEMM_SETS = value("GB_SETS")  # branches per launch, at most
+GLU_BACKWARD_GEMM_STAGES = value("GB_STAGES")
+GLU_BACKWARD_GEMM_THREADS = value("GB_THREADS")  # the consumers, the ring's producer, pv's loader and storer
+GLU_BACKWARD_GEMM_PARTS = value("GB_PARTS")  # the staging buffer's parts, three mbarriers each
 # glu_backward_gemm.cu's GluBackArgs: every branch's dadv and Wo tensor maps, then pv's.
 GLU_BACK_ARGS = np.dtype([("maps", np.uint64, (2 * GLU_BACKWARD_GEMM_SETS + 1, 16))])
 
@@ -996,8 +989,8 @@ def round_tf32(x: Array, *, out: Array | None = None) -> Array:
     return out
 
 
-GLU_BACKWARD_GEMM_DQ_COLS = 4  # dq's columns, at most
-GLU_BACKWARD_GEMM_DQ_H = 256  # dq's widest GLU: two column tiles, whose sums add exactly in either order
+GLU_BACKWARD_GEMM_DQ_COLS = value("GB_NQ_MAX")  # dq's columns, at most
+GLU_BACKWARD_GEMM_DQ_H = 2 * value("GB_BH")  # dq's widest GLU: two column tiles, whose sums add exactly in either order
 
 
 def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, dq: Array | None = None,
@@ -1070,10 +1063,10 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
     return pv
 
 
-WGRAD_GEMM_ROWS = 264  # wgrad_gemm.cu's N per tile: one wgmma of 256 columns and one of 8 (WG_ROWS)
-WGRAD_GEMM_BOX_ROWS = 88  # xt's rows per TMA box (WG_BOX_ROWS)
-WGRAD_GEMM_STAGES = 4
-WGRAD_GEMM_THREADS = 384  # two consumer warpgroups and the producer's (WG_THREADS)
+WGRAD_GEMM_ROWS = value("WG_ROWS")  # wgrad_gemm.cu's N per tile: one wgmma of 256 columns and one of 8
+WGRAD_GEMM_BOX_ROWS = value("WG_BOX_ROWS")  # xt's rows per TMA box
+WGRAD_GEMM_STAGES = value("WG_STAGES")
+WGRAD_GEMM_THREADS = value("WG_THREADS")  # two consumer warpgroups and the producer's
 WGRAD_GEMM_MIN_CHUNKS = 4  # each slice of the batch at least this many 32-row chunks
 
 
@@ -1151,10 +1144,10 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
 
 
 # wgrad_gemm.cu's OutSets: wgrad_reduce's output pointers; WgradSets: wgrad_gemm_tx's tensor maps.
-WGRAD_SETS = 4  # (WT_SETS)
+WGRAD_SETS = value("WT_SETS")
 OUT_SETS = np.dtype([("out", np.uint64, (WGRAD_SETS,))])
 WGRAD_SETS_ARGS = np.dtype([("maps", np.uint64, (2 * WGRAD_SETS, 16))])
-WGRAD_GEMM_TX_STAGES = 3  # (WT_STAGES)
+WGRAD_GEMM_TX_STAGES = value("WT_STAGES")
 
 
 def _wgrad_reduce(part: Array, outs: Sequence[Array], ld_out: int, splits: int, tiles: int, N: int, M: int,
