@@ -103,20 +103,21 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
     return out
 
 
-# bench_foxhunt's arguments of each foxhunt variant
+# bench_foxhunt's arguments of each foxhunt variant; "plan": overrides of the execution plan
+# (foxhunt_core.net.fused.plan.Knobs)
 FOXHUNT_VARIANTS = {
     "foxhunt": dict(graphs=True, tune=True),
     "foxhunt heuristic": dict(graphs=True),
     "foxhunt eager": dict(graphs=False, tune=True),
     "foxhunt gemmex": dict(graphs=True, lt=False),
-    "foxhunt 1 stream": dict(graphs=True, tune=True, side_stream=False),
-    "foxhunt cublas glu": dict(graphs=True, tune=True, glu_gemm=False),
-    "foxhunt heads apart": dict(graphs=True, tune=True, heads_dueling=False),
-    "foxhunt relu apart": dict(graphs=True, tune=True, relu_gemm=False),
-    "foxhunt dq apart": dict(graphs=True, tune=True, dq_gemm=False),
+    "foxhunt 1 stream": dict(graphs=True, tune=True, plan=dict(side_stream=False)),
+    "foxhunt cublas glu": dict(graphs=True, tune=True, plan=dict(glu_gemm=False)),
+    "foxhunt heads apart": dict(graphs=True, tune=True, plan=dict(heads_dueling=False)),
+    "foxhunt relu apart": dict(graphs=True, tune=True, plan=dict(relu_gemm=False)),
+    "foxhunt dq apart": dict(graphs=True, tune=True, plan=dict(glu_backward_dq=False)),
     "foxhunt glu 3 stages": dict(graphs=True, tune=True, glu_stages=3),
     "foxhunt pv from registers": dict(graphs=True, tune=True, pv_tma=False),
-    "foxhunt dz apart": dict(graphs=True, tune=True, joint_dz=False),
+    "foxhunt dz apart": dict(graphs=True, tune=True, plan=dict(joint_dz=False)),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -125,68 +126,38 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
-                  heads_dueling: bool = True, relu_gemm: bool = True, dq_gemm: bool = True,
-                  glu_stages: int | None = None, pv_tma: bool = True, joint_dz: bool = True) -> float:
+                  plan: dict | None = None, glu_stages: int | None = None, pv_tma: bool = True) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
-    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
-    ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
-    ``stack_max`` sets the rows up to which the update's forwards run stacked
-    (``foxhunt_core.net.fused.STACK_MAX_ROWS``), ``glu_gemm=False`` runs the GLUs as cuBLAS's
-    GEMM followed by ``glu_forward`` and the advantage heads as cuBLAS's GEMMs, where they would
-    run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``),
-    ``heads_dueling=False`` runs the dueling forward as its own kernel after the heads' GEMM rather
-    than in the heads' kernel (``foxhunt_core.net.fused.HEADS_DUELING``), ``relu_gemm=False`` the
-    trunk's input gradients as cuBLAS's GEMMs and ``relu_backward`` rather than
-    ``linear_gemm_relu_backward`` (``foxhunt_core.net.fused.fused_relu_backward``), ``dq_gemm=False``
-    the direction-Q columns' gradient as a product of its own rather than in
-    ``glu_backward_gemm``'s epilogue (``foxhunt_core.gpu.kernels.GLU_BACKWARD_GEMM_DQ_H``),
-    ``glu_stages=3`` runs ``glu_gemm`` with three stages in its ring and the whole tile's h staged
-    for one hand-off to the TMA unit (``foxhunt_core.gpu.kernels.glu_gemm_ring``), ``pv_tma=False``
-    has ``glu_gemm`` store the pre-activations it keeps from the registers rather than by TMA
-    (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``), ``joint_dz=False`` takes z's gradient in one
-    GEMM per GLU group rather than one for all (``foxhunt_core.net.fused.JOINT_DZ``)."""
-    from foxhunt_core.gpu import cublaslt, streams
+    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up), ``plan``
+    builds the update's execution plan with these overrides (``side_stream=False``: everything on
+    one stream; ``stack_max_rows``: the rows up to which the forwards run stacked; ``glu_gemm``,
+    ``heads_dueling``, ``relu_gemm``, ``glu_backward_dq``, ``joint_dz`` False: the GLUs and heads
+    through cuBLAS, the dueling forward after the heads' GEMM, the trunk's ReLU backward after
+    cuBLAS's GEMMs, the direction-Q columns' gradient as a product of its own, z's gradient one
+    GEMM per GLU group), ``glu_stages=3`` runs ``glu_gemm`` with three stages in its ring and the
+    whole tile's h staged for one hand-off to the TMA unit (``foxhunt_core.gpu.kernels.glu_gemm_ring``),
+    ``pv_tma=False`` has ``glu_gemm`` store the pre-activations it keeps from the registers rather
+    than by TMA (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``)."""
+    from foxhunt_core.gpu import cublaslt
     from foxhunt_core.gpu import kernels as K
-    from foxhunt_core.net import fused
 
     cublaslt.set_enabled(lt)
     was = cublaslt.autotune_enabled()
-    was_stack = fused.STACK_MAX_ROWS
     cublaslt.set_autotune(tune)
-    streams.set_enabled(side_stream)
-    if stack_max is not None:
-        fused.STACK_MAX_ROWS = stack_max
-    real_fused_glu, real_fused_relu = fused.fused_glu, fused.fused_relu_backward
-    if not glu_gemm:
-        fused.fused_glu = lambda net, stack: False
-    if not relu_gemm:
-        fused.fused_relu_backward = lambda net, rows: False
-    fused.HEADS_DUELING = heads_dueling
-    dq_h = K.GLU_BACKWARD_GEMM_DQ_H
-    if not dq_gemm:
-        K.GLU_BACKWARD_GEMM_DQ_H = 0
     ring = K.glu_gemm_ring()
     if glu_stages is not None:
         K.glu_gemm_ring(glu_stages)
     K.GLU_GEMM_PV_TMA = pv_tma
-    fused.JOINT_DZ = joint_dz
     try:
-        return _bench_foxhunt(B, repeats, graphs)
+        return _bench_foxhunt(B, repeats, graphs, plan or {})
     finally:
-        fused.JOINT_DZ = True
         K.GLU_GEMM_PV_TMA = True
         K.glu_gemm_ring(*ring)
-        K.GLU_BACKWARD_GEMM_DQ_H = dq_h
-        fused.fused_glu, fused.fused_relu_backward = real_fused_glu, real_fused_relu
-        fused.HEADS_DUELING = True
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
-        streams.set_enabled(True)
-        fused.STACK_MAX_ROWS = was_stack
 
 
-def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
+def _bench_foxhunt(B: int, repeats: int, graphs: bool, plan: dict) -> float:
     import cupy as cp
 
     from foxhunt_core.agent import Agent
@@ -195,7 +166,7 @@ def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
     from foxhunt_core.plugins import PluginSet
 
     settings = RunSettings()
-    agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))
+    agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0), plan_overrides=plan)
     batch = random_batch(B)
     coeff = cp.asarray(0.001, dtype=cp.float32)
     if graphs:
@@ -331,7 +302,7 @@ def main() -> int:
                 res[v] = bench_foxhunt(B, args.repeats, **FOXHUNT_VARIANTS[v])
         if args.stack_max is not None:
             res[f"foxhunt stack<={args.stack_max}"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True,
-                                                                   stack_max=args.stack_max)
+                                                                   plan=dict(stack_max_rows=args.stack_max))
         if not args.skip_torch:
             kinds = list(args.torch)
             kinds += [k for k in MAX_AUTOTUNE_KINDS if k not in kinds] if B in args.max_autotune else []

@@ -69,6 +69,7 @@ class Agent:
         rng: np.random.Generator,
         options: dict[str, Any] | None = None,
         dtype: Any = np.float32,
+        plan_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.xp = xp
@@ -96,7 +97,13 @@ class Agent:
         self._online_twin: Any = None
         if xp is not np and np.dtype(dtype) == np.float32:
             from .gpu.flat import FlatTree
-            from .net.fused import storage_shapes
+            from .net.fused import Device, ExecutionPlan, FusedNetwork, storage_shapes
+
+            plan = ExecutionPlan.build(self.net, Device.current(), settings.train.tf32, settings.train.batch_size,
+                                       q_stages=[(h, n) for h in ("pre_attention", "post_attention", "action_select")
+                                                 for n in self.stage_owners.get(h, [])],
+                                       act_rows=settings.env.num_envs, **(plan_overrides or {}))
+            self.net.fused_net = FusedNetwork(self.net, plan)
 
             # One buffer whose views are the parameters, with the weights the fused path pads
             # kept in zero-padded blocks. The online network, a twin of it refreshed at each
@@ -120,6 +127,30 @@ class Agent:
             self.opt.use_flat(flat)
         self.z = c51.support(settings.net.v_min, settings.net.v_max, settings.net.num_atoms, xp, dtype)
         self.branch_base = xp.asarray(self.offsets[:-1], dtype=xp.int64)[None, :]  # first action of each branch
+
+    @property
+    def fused_network(self) -> Any:
+        """The fused GPU network (:class:`~foxhunt_core.net.fused.FusedNetwork`), None on the reference path."""
+        return self.net.fused_net
+
+    @property
+    def plan(self) -> Any:
+        """The GPU execution plan of the update (:class:`~foxhunt_core.net.fused.ExecutionPlan`),
+        None on the reference path."""
+        return self.net.fused_net.plan if self.net.fused_net is not None else None
+
+    def replan(self, **overrides: Any) -> Any:
+        """Build the execution plan again with ``overrides`` (tests and benchmarks compare
+        arrangements on one agent); the fused network keeps its kernels. Returns the new plan."""
+        from .net.fused import ExecutionPlan, FusedNetwork
+
+        old = self.net.fused_net
+        p = old.plan
+        plan = ExecutionPlan.build(self.net, p.device, p.tf32, p.batch, q_stages=[(s.hook, s.name) for s in p.stages
+                                                                                 if s.path == "own"],
+                                   act_rows=p.act_rows, limits=p.limits, **overrides)
+        self.net.fused_net = FusedNetwork(self.net, plan, kernels=old.K, blas=old.blas, xp=old.xp)
+        return plan
 
     def _one(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> Any:
         res = plugins.ordered(hook, ctx=ctx)
@@ -209,7 +240,7 @@ class Agent:
             # parameters at the same stride (see __init__).
             nxt = batch["next_obs"]
             online_next = self.online  # (large batches: the online forwards run as one, the target's apart)
-            if self._online_twin is not None and F.stacks(self.net, B):
+            if self._online_twin is not None and self.net.fused_net.plan.stacks(B):
                 K.copy(self._online_twin.buffer, self._flats[0].buffer)
                 online_next = self._online_twin.tree
             out, on_next, tgt = self.net.forward_many(

@@ -97,7 +97,7 @@ class BranchingC51:
         self.support64 = np.linspace(net.v_min, net.v_max, net.num_atoms)
         self.q_scale = float(max(abs(net.v_min), abs(net.v_max)))
         self._supports: dict[tuple[str, str], Any] = {}
-        self.use_kernels = True  # the fused GPU path; False keeps the reference ops on CuPy too
+        self.fused_net: Any = None  # the fused GPU network (net.fused.FusedNetwork) that CuPy float32 calls take
         self.gate: GateActivation = gate if gate is not None else SigmoidGate()
         self.branch_inputs = tuple(branch_inputs)
         for st in self.branch_inputs:
@@ -162,7 +162,7 @@ class BranchingC51:
     # ------------------------------------------------------------------ forward
     def fused(self, x: Array) -> bool:
         """Whether ``x`` takes the fused-kernel GPU path (CuPy float32, unless switched off)."""
-        return self.use_kernels and type(x).__module__.startswith("cupy") and x.dtype == np.float32
+        return self.fused_net is not None and type(x).__module__.startswith("cupy") and x.dtype == np.float32
 
     def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False,
                 outputs: tuple[str, ...] | None = None, next_obs: Array | None = None) -> NetOutput:
@@ -172,9 +172,9 @@ class BranchingC51:
         ``next_obs``: the fused path may also compute E[Q] of these rows in the same pass
         (``NetOutput.q_next``; None where it did not, see :func:`.fused.pairs`)."""
         if self.fused(obs):
-            from . import fused
+            from .fused import ALL_OUTPUTS
 
-            return fused.forward(self, params, obs, keep_cache, outputs or fused.ALL_OUTPUTS, next_obs=next_obs)
+            return self.fused_net.forward(params, obs, keep_cache, outputs or ALL_OUTPUTS, next_obs=next_obs)
         xp = L._xp(obs)
         p = params["core"]
         gp = params.get(self.gate.name, {})
@@ -232,9 +232,7 @@ class BranchingC51:
         allocation); the reference path runs them one by one."""
         segments = list(segments)
         if segments and self.fused(segments[0][1]):
-            from . import fused
-
-            return fused.forward_segments(self, segments, keep_cache)
+            return self.fused_net.forward_segments(segments, keep_cache)
         return [self.forward(p, x, keep_cache=keep_cache and i == 0, outputs=tuple(o))
                 for i, (p, x, o) in enumerate(segments)]
 
@@ -248,9 +246,7 @@ class BranchingC51:
         if out.cache is None:
             raise ValueError("backward needs a forward pass run with keep_cache=True")
         if out.cache.get("fused"):
-            from . import fused
-
-            return fused.backward(self, params, out, dlogits, grads_into)
+            return self.fused_net.backward(params, out, dlogits, grads_into)
         c = out.cache
         xp = L._xp(dlogits)
         p = params["core"]
