@@ -115,8 +115,8 @@ FOXHUNT_VARIANTS = {
     "foxhunt heads apart": dict(graphs=True, tune=True, plan=dict(heads_dueling=False)),
     "foxhunt relu apart": dict(graphs=True, tune=True, plan=dict(relu_gemm=False)),
     "foxhunt dq apart": dict(graphs=True, tune=True, plan=dict(glu_backward_dq=False)),
-    "foxhunt glu 3 stages": dict(graphs=True, tune=True, glu_stages=3),
-    "foxhunt pv from registers": dict(graphs=True, tune=True, pv_tma=False),
+    "foxhunt glu 3 stages": dict(graphs=True, tune=True, plan=dict(glu_gemm_config=("ring", 3))),
+    "foxhunt pv from registers": dict(graphs=True, tune=True, plan=dict(glu_gemm_config=("pv_tma", False))),
     "foxhunt dz apart": dict(graphs=True, tune=True, plan=dict(joint_dz=False)),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
@@ -126,7 +126,7 @@ MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow 
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  plan: dict | None = None, glu_stages: int | None = None, pv_tma: bool = True) -> float:
+                  plan: dict | None = None) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up), ``plan``
     builds the update's execution plan with these overrides (``side_stream=False``: everything on
@@ -134,25 +134,22 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     ``heads_dueling``, ``relu_gemm``, ``glu_backward_dq``, ``joint_dz`` False: the GLUs and heads
     through cuBLAS, the dueling forward after the heads' GEMM, the trunk's ReLU backward after
     cuBLAS's GEMMs, the direction-Q columns' gradient as a product of its own, z's gradient one
-    GEMM per GLU group), ``glu_stages=3`` runs ``glu_gemm`` with three stages in its ring and the
-    whole tile's h staged for one hand-off to the TMA unit (``foxhunt_core.gpu.kernels.glu_gemm_ring``),
-    ``pv_tma=False`` has ``glu_gemm`` store the pre-activations it keeps from the registers rather
-    than by TMA (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``)."""
+    GEMM per GLU group; ``glu_gemm_config``: ``("ring", 3)`` for glu_gemm's ring of three stages
+    with the whole tile's h staged for one hand-off to the TMA unit, ``("pv_tma", False)`` for the
+    pre-activations it keeps stored from the registers rather than by TMA)."""
     from foxhunt_core.gpu import cublaslt
     from foxhunt_core.gpu import kernels as K
 
+    overrides = dict(plan or {})
+    if "glu_gemm_config" in overrides:  # (the variants' short forms)
+        kind, arg = overrides["glu_gemm_config"]
+        overrides["glu_gemm_config"] = K.GluGemmConfig.ring(arg) if kind == "ring" else K.GluGemmConfig(pv_tma=arg)
     cublaslt.set_enabled(lt)
     was = cublaslt.autotune_enabled()
     cublaslt.set_autotune(tune)
-    ring = K.glu_gemm_ring()
-    if glu_stages is not None:
-        K.glu_gemm_ring(glu_stages)
-    K.GLU_GEMM_PV_TMA = pv_tma
     try:
-        return _bench_foxhunt(B, repeats, graphs, plan or {})
+        return _bench_foxhunt(B, repeats, graphs, overrides)
     finally:
-        K.GLU_GEMM_PV_TMA = True
-        K.glu_gemm_ring(*ring)
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
 

@@ -119,7 +119,7 @@ def test_glu_gemm_compiles_for_each_cluster_size_k_tail_and_ring(cluster: int, t
                                                                  tmp_path: Path) -> None:
     """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster), for
     each count of k steps in its last chunk (the wrapper's variants by K) and with the rings and
-    staging buffers of kernels.glu_gemm_ring (stages, staged boxes, boxes per hand-off; and pv
+    staging buffers of kernels.GluGemmConfig (stages, staged boxes, boxes per hand-off; and pv
     through the staging buffer by TMA, GW_PV_TMA), through
     ptxas: its wgmma products must not be serialized (ptxas's C7520, which a wgmma under a
     run-time condition brings) and nothing may spill."""
@@ -186,30 +186,32 @@ def test_wrappers_size_their_launches_by_the_table() -> None:
     size = 3 * K.LINEAR_GEMM_SETS * 128 + 8 * K.LINEAR_GEMM_SETS  # sizeof(LinearArgs): maps, bias pointers
     assert K.LINEAR_ARGS.itemsize == -(-size // 64) * 64  # (__align__(64))
     for smem in (K._glu_backward_gemm_smem(), K._wgrad_gemm_smem(), K._wgrad_gemm_tx_smem(),
-                 K._linear_gemm_smem(dueling=True), K._linear_gemm_smem(), K._glu_gemm_smem()):
+                 K._linear_gemm_smem(dueling=True), K._linear_gemm_smem(), K.GluGemmConfig().smem):
         assert smem <= 227 * 1024
 
 
-def test_glu_gemm_ring_fits_shared_memory_or_refuses() -> None:
-    """kernels.glu_gemm_ring: the default, the three-stage ring and the rings the GPU tests build fit
-    a Hopper block's 227 KiB; a ring that would not, or a staging buffer that does not take whole
-    hand-offs, is refused and leaves the setting as it was."""
+def test_glu_gemm_configs_fit_shared_memory_or_refuse() -> None:
+    """GluGemmConfig: the default, the three-stage ring and the rings the GPU tests build fit a
+    Hopper block's 227 KiB; a ring that would not, or a staging buffer that does not take whole
+    hand-offs, is refused."""
     from foxhunt_core.gpu import kernels as K
 
-    default = K.glu_gemm_ring()
-    assert default == (4, 2, 1)
-    try:
-        for ring in [(3, 4, 4), (3, 4, 1), (4, 2, 2), (4, 1, 1), (4,), (3,)]:
-            K.glu_gemm_ring(*ring)
-            assert K._glu_gemm_smem() <= 227 * 1024
-        assert K.glu_gemm_ring() == (3, 4, 4)  # three stages alone: the whole tile's h at once
-        K.glu_gemm_ring(*default)
-        for bad in [(4, 4, 4), (5, 2, 1), (2, 2, 1), (4, 2, 4), (4, 3, 1)]:
-            with pytest.raises(ValueError, match="glu_gemm"):
-                K.glu_gemm_ring(*bad)
-            assert K.glu_gemm_ring() == default
-    finally:
-        K.glu_gemm_ring(*default)
+    default = K.GluGemmConfig()
+    assert (default.stages, default.staged_boxes, default.store_boxes, default.pv_tma) == (4, 2, 1, True)
+    for ring in [(3, 4, 4), (3, 4, 1), (4, 2, 2), (4, 1, 1), (4,), (3,)]:
+        assert K.GluGemmConfig.ring(*ring).smem <= 227 * 1024
+    three = K.GluGemmConfig.ring(3)
+    assert (three.stages, three.staged_boxes, three.store_boxes) == (3, 4, 4)  # the whole tile's h at once
+    assert K.GluGemmConfig.ring(4) == default
+    for bad in [(4, 4, 4), (5, 2, 1), (2, 2, 1), (4, 2, 4), (4, 3, 1)]:
+        with pytest.raises(ValueError, match="glu_gemm"):
+            K.GluGemmConfig.ring(*bad)
+    with pytest.raises(ValueError, match="glu_gemm"):
+        K.GluGemmConfig(cluster=3)
+    for cfg in (K.LinearGemmConfig(), K.WgradGemmConfig(), K.GluBackwardGemmConfig()):
+        assert cfg == type(cfg)()  # (frozen and comparable: a plan's knobs)
+    with pytest.raises(ValueError, match="wgrad_gemm"):
+        K.WgradGemmConfig(stages=5)
 
 
 @needs_nvcc

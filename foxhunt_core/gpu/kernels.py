@@ -54,6 +54,7 @@ Shapes: ``B`` samples, ``A`` actions in branches given by ``offsets`` (``(0, 3, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -104,16 +105,18 @@ __all__ = [
     "dueling_backward",
     "dueling_softmax_forward",
     "glu_backward",
+    "GluBackwardGemmConfig",
+    "GluGemmConfig",
+    "LinearGemmConfig",
+    "WgradGemmConfig",
     "glu_backward_gemm",
     "glu_forward",
     "glu_gemm",
     "glu_gemm_supported",
     "heads_dueling",
-    "heads_dueling_fills",
     "heads_dueling_supported",
     "linear_gemm",
     "linear_gemm_relu_backward",
-    "linear_gemm_relu_backward_fills",
     "pack_rows",
     "q_stats_keys",
     "q_stats_reduce",
@@ -554,37 +557,55 @@ GLU_GEMM_STAGES = value("GW_STAGES")
 # fourth.
 GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = value("GW_STAGED_BOXES"), value("GW_STORE_BOXES")
 GLU_GEMM_CLUSTER = value("GW_CLUSTER")  # CTAs per cluster, sharing their weight loads (TMA multicast)
-# pv through the staging buffer by TMA stores (GW_PV_TMA), where TMA can address it (16-byte aligned,
-# a row pitch of a multiple of 4 floats); otherwise, or with this off, stored from the registers.
-GLU_GEMM_PV_TMA = True
 _BIG_SMEM: set[int] = set()  # (ids of) the kernels given their shared memory limit
+SMEM_LIMIT = 227 * 1024  # a Hopper block's shared memory, at most
+TILE_A = GLU_GEMM_ROWS * GLU_GEMM_BOX_K * 4  # a stage's rows of A (TC_TILE_A): 16 KiB
+BOX = GLU_GEMM_ROWS * 128  # a box of 32 columns x 128 rows: 16 KiB
 
 
-def glu_gemm_ring(stages: int | None = None, staged_boxes: int | None = None,
-                  store_boxes: int | None = None) -> tuple[int, int, int]:
-    """Set :func:`glu_gemm`'s ring of stages and h's staging buffer (for benchmarks and tests;
-    ``stages`` alone picks the buffer that fits beside them: four boxes at once with three stages,
-    two in turn, one at a time, with four); returns the previous ``(stages, staged_boxes,
-    store_boxes)``."""
-    global GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES
-    was = GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES
-    if stages is not None:
+@dataclass(frozen=True)
+class GluGemmConfig:
+    """How :func:`glu_gemm`'s kernel is built: its ring of shared-memory stages, h's staging buffer
+    (boxes of 32 columns x 128 rows, 16 KiB) and how many boxes a hand-off to the TMA unit takes,
+    the CTAs per cluster (sharing their weight loads by TMA multicast), and whether pv leaves
+    through the staging buffer by TMA stores where TMA can address it (16-byte aligned, a row pitch
+    of a multiple of 4 floats; otherwise, or with ``pv_tma`` off, from the registers). The default
+    is the table's: four stages beside two boxes used in turn, one at a time (the tile's four at
+    once, 64 KiB, leave room for three stages only)."""
+
+    stages: int = GLU_GEMM_STAGES
+    staged_boxes: int = GLU_GEMM_STAGED_BOXES
+    store_boxes: int = GLU_GEMM_STORE_BOXES
+    cluster: int = GLU_GEMM_CLUSTER
+    pv_tma: bool = True
+    source: str = "glu_gemm.cu"  # the kernel's source: a file of kernels/, or a path (a diagnostic variant)
+
+    def __post_init__(self) -> None:
+        if self.stages < 3 or self.staged_boxes not in (1, 2, 4) or self.staged_boxes % self.store_boxes:
+            raise ValueError(f"glu_gemm: no ring of {self.stages} stages with {self.staged_boxes} staged boxes, "
+                             f"{self.store_boxes} a hand-off")
+        if self.cluster not in (1, 2, 4):
+            raise ValueError(f"glu_gemm: clusters of 1, 2 or 4 CTAs, not {self.cluster}")
+        if self.smem > SMEM_LIMIT:
+            raise ValueError(f"glu_gemm: {self.stages} stages and {self.staged_boxes} staged boxes need more than "
+                             "227 KiB")
+
+    @classmethod
+    def ring(cls, stages: int, staged_boxes: int | None = None, store_boxes: int | None = None,
+             **kw: Any) -> GluGemmConfig:
+        """The ring of ``stages`` with the staging buffer that fits beside it unless given: four
+        boxes at once with three stages, two in turn, one at a time, with four."""
         staged = staged_boxes if staged_boxes is not None else (4 if stages == 3 else 2)
         store = store_boxes if store_boxes is not None else (staged if staged == 4 else 1)
-        if stages < 3 or staged not in (1, 2, 4) or staged % store:
-            raise ValueError(f"glu_gemm: no ring of {stages} stages with {staged} staged boxes, {store} a hand-off")
-        GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = stages, staged, store
-        if _glu_gemm_smem() > 227 * 1024:
-            GLU_GEMM_STAGES, GLU_GEMM_STAGED_BOXES, GLU_GEMM_STORE_BOXES = was
-            raise ValueError(f"glu_gemm: {stages} stages and {staged} staged boxes need more than 227 KiB")
-    return was
+        return cls(stages, staged, store, **kw)
 
-
-def _glu_gemm_smem() -> int:
-    """Bytes of shared memory of glu_gemm.cu: its stages (16 KiB of u and 32 KiB of weights each),
-    h's staging buffer (16 KiB a box), the stages' two mbarriers each and the 1024-byte alignment
-    of the swizzled tiles (225 KiB with 4 stages and 2 boxes: a Hopper block may have 227)."""
-    return GLU_GEMM_STAGES * (16384 + 32768) + GLU_GEMM_STAGED_BOXES * 16384 + 16 * GLU_GEMM_STAGES + 1024
+    @property
+    def smem(self) -> int:
+        """Bytes of shared memory of the kernel: its stages (16 KiB of u and 32 KiB of weights each),
+        h's staging buffer, the stages' two mbarriers each and the 1024-byte alignment of the
+        swizzled tiles (225 KiB with 4 stages and 2 boxes)."""
+        return (self.stages * (TILE_A + 2 * GLU_GEMM_COLS * GLU_GEMM_BOX_K * 4) + self.staged_boxes * BOX
+                + 16 * self.stages + 1024)
 
 
 def glu_gemm_supported(H: int | None = None) -> bool:
@@ -623,7 +644,7 @@ def transpose(w: Array, *, out: Array | None = None) -> Array:
 
 def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None = None, blocks: int = 1,
              h: Array | None = None, pv: Array | None = None, wt: Array | None = None, rounded: int = 0,
-             tf32_h: bool = False) -> Array:
+             tf32_h: bool = False, config: GluGemmConfig | None = None) -> Array:
     """The GLU layer in one launch: ``pv = u @ w (+ bias)`` on the TF32 tensor cores (wgmma; see
     :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does, the
     products accumulated in float32) and :func:`glu_forward` applied in the GEMM's epilogue.
@@ -635,8 +656,9 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     given, the pre-activations of the first ``P`` rows (what the backward reads); the other rows'
     never reach memory. Every array may be a view with any row pitch: ``u``, ``wt`` and ``h``
     (moved by TMA) with pitches of a multiple of 4 floats and 16-byte aligned, ``pv`` with an
-    even pitch (moved by TMA too where it is aligned so, :data:`GLU_GEMM_PV_TMA`; stored from the
-    registers otherwise); K a multiple of 4, H of 128.
+    even pitch (moved by TMA too where it is aligned so and ``config.pv_tma``; stored from the
+    registers otherwise); K a multiple of 4, H of 128. ``config``: how the kernel is built
+    (:class:`GluGemmConfig`; default the table's).
 
     ``rounded``: u's first columns up to this one hold TF32 values already, rounded to nearest by
     u's writer (:func:`vsn_forward` with ``tf32``): the kernel takes the k chunks (of
@@ -645,6 +667,7 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     truncated by the tensor cores. ``tf32_h``: h is written rounded to TF32 (to nearest), for
     readers that are TF32 GEMMs (:func:`linear_gemm` with ``rounded``)."""
     k = "glu_gemm"
+    cfg = config if config is not None else GluGemmConfig()
     _tc_operands(k, "u and w", (u, w))
     B, K = u.shape
     cols = w.shape[1]
@@ -678,16 +701,16 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     if B == 0:
         return h
     map_u = tma.matrix_map(k, "u", u, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
-    c = GLU_GEMM_CLUSTER
+    c = cfg.cluster
     map_wt = tma.matrix_map(k, "wt", wt, GLU_GEMM_BOX_K, GLU_GEMM_COLS // c)
     map_h = tma.matrix_map(k, "h", h, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)
-    pv_tma = GLU_GEMM_PV_TMA and pv_rows > 0 and ld_pv % 4 == 0 and pv.data.ptr % 16 == 0
+    pv_tma = cfg.pv_tma and pv_rows > 0 and ld_pv % 4 == 0 and pv.data.ptr % 16 == 0
     map_pv = tma.matrix_map(k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS) if pv_tma else map_h  # (unread unless pv_tma)
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
-    fn = _kernel("glu_gemm.cu", k, {"GW_STAGES": GLU_GEMM_STAGES, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail,
-                                    "GW_ROUND_H": int(bool(tf32_h)), "GW_STAGED_BOXES": GLU_GEMM_STAGED_BOXES,
-                                    "GW_STORE_BOXES": GLU_GEMM_STORE_BOXES, "GW_PV_TMA": int(pv_tma)})
-    smem = _glu_gemm_smem()
+    fn = _kernel(cfg.source, k, {"GW_STAGES": cfg.stages, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail,
+                                    "GW_ROUND_H": int(bool(tf32_h)), "GW_STAGED_BOXES": cfg.staged_boxes,
+                                    "GW_STORE_BOXES": cfg.store_boxes, "GW_PV_TMA": int(pv_tma)})
+    smem = cfg.smem
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
@@ -710,19 +733,33 @@ LINEAR_ARGS = np.dtype([("maps", np.uint64, (3 * LINEAR_GEMM_SETS, 16)), ("bias"
                         ("pad", np.uint64, (-LINEAR_GEMM_SETS % 8,))])
 
 
-def _linear_gemm_smem(dueling: bool = False, cols: int = LINEAR_GEMM_COLS) -> int:
+@dataclass(frozen=True)
+class LinearGemmConfig:
+    """How :func:`linear_gemm`'s kernel (and :func:`heads_dueling`'s and
+    :func:`linear_gemm_relu_backward`'s, its variants) is built: its shared-memory stages and the
+    CTAs per cluster sharing their weight loads. The default is the table's."""
+
+    stages: int = LINEAR_GEMM_STAGES
+    cluster: int = LINEAR_GEMM_CLUSTER
+
+    def __post_init__(self) -> None:
+        if self.stages < 3 or self.cluster not in (1, 2, 4):
+            raise ValueError(f"linear_gemm: at least 3 stages and clusters of 1, 2 or 4 CTAs, not {self.stages} "
+                             f"stages and {self.cluster}")
+
+
+def _linear_gemm_smem(dueling: bool = False, cols: int = LINEAR_GEMM_COLS, stages: int = LINEAR_GEMM_STAGES) -> int:
     """Bytes of shared memory of linear_gemm.cu with tiles of ``cols`` columns: its stages (16 KiB
     of A and ``cols`` rows of weights each), the tile on its way out (boxes of 16 KiB), two
     mbarriers per stage (and with the dueling warps two for the staged tile), the alignment (224
     KiB with 4 stages of 160 columns: a Hopper block may have 227)."""
     boxes = -(-cols // 32)
-    return (LINEAR_GEMM_STAGES * (16384 + cols * 128) + boxes * 16384 + 16 * LINEAR_GEMM_STAGES
-            + 16 * dueling + 1024)
+    return stages * (TILE_A + cols * GLU_GEMM_BOX_K * 4) + boxes * BOX + 16 * stages + 16 * dueling + 1024
 
 
 def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | None = None, *,
                 bias: Sequence[Array | None] | None = None, relu: bool = False, tf32_out: bool = False,
-                rounded: int = 0) -> list[Array]:
+                rounded: int = 0, config: LinearGemmConfig | None = None) -> list[Array]:
     """Up to four linear layers in one launch: ``out[b] = a[b] @ wt[b].T (+ bias[b])`` (then
     ``relu``) on the TF32 tensor cores (wgmma; see :func:`glu_gemm_supported`; both operands
     rounded to TF32 to nearest, as cuBLAS does, the products accumulated in float32).
@@ -733,7 +770,7 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     the column blocks of one wider array: a set writes only its own columns. N even, K a multiple
     of 4. ``rounded``: a's columns up to this one hold TF32 values already, rounded to nearest by
     their writer (:func:`glu_gemm` with ``tf32_h``; see its ``rounded``). ``tf32_out``: out is
-    written rounded to TF32 (to nearest)."""
+    written rounded to TF32 (to nearest). ``config``: how the kernel is built (:class:`LinearGemmConfig`)."""
     k = "linear_gemm"
     M, K, N = _linear_operands(k, a, wt, bias, rounded)
     if out is not None and len(out) != len(a):
@@ -741,7 +778,7 @@ def linear_gemm(a: Sequence[Array], wt: Sequence[Array], out: Sequence[Array] | 
     outs = [_view_out(k, f"out[{i}]", None if out is None else out[i], (M, N))[0] for i in range(len(a))]
     if M:
         _linear_launch(k, a, wt, outs, bias, (M, K, N), rounded,
-                       {"LG_RELU": int(bool(relu)), "LG_ROUND_OUT": int(bool(tf32_out))})
+                       {"LG_RELU": int(bool(relu)), "LG_ROUND_OUT": int(bool(tf32_out))}, config=config)
     return outs
 
 
@@ -771,13 +808,15 @@ def _linear_operands(k: str, a: Sequence[Array], wt: Sequence[Array], bias: Sequ
 
 def _linear_launch(k: str, a: Sequence[Array], wt: Sequence[Array], outs: Sequence[Array] | None,
                    bias: Sequence[Array | None] | None, mkn: tuple[int, int, int], rounded: int,
-                   defines: dict[str, Any], extra: tuple = (), cols: int = LINEAR_GEMM_COLS) -> None:
+                   defines: dict[str, Any], extra: tuple = (), cols: int = LINEAR_GEMM_COLS,
+                   config: LinearGemmConfig | None = None) -> None:
     """linear_gemm.cu's launch over checked operands (``outs`` None: no output maps, for the
     dueling variant, which writes none); ``defines`` and ``extra`` arguments pick a variant,
-    ``cols`` its tile's columns (LG_BN)."""
+    ``cols`` its tile's columns (LG_BN), ``config`` its stages and cluster."""
+    cfg = config if config is not None else LinearGemmConfig()
     M, K, N = mkn
     sets = len(a)
-    c = LINEAR_GEMM_CLUSTER
+    c = cfg.cluster
     args = np.zeros(1, dtype=LINEAR_ARGS)
     for i in range(sets):
         args["maps"][0, i] = tma.matrix_map(k, f"a[{i}]", a[i], GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
@@ -791,10 +830,10 @@ def _linear_launch(k: str, a: Sequence[Array], wt: Sequence[Array], outs: Sequen
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
     tile = {} if cols == LINEAR_GEMM_COLS else {"LG_BN": cols}
     fn = _kernel("linear_gemm.cu", "linear_gemm",
-                 {"LG_STAGES": LINEAR_GEMM_STAGES, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail, **tile, **defines})
+                 {"LG_STAGES": cfg.stages, "LG_CLUSTER": c, "LG_TAIL_STEPS": tail, **tile, **defines})
     dueling = bool(defines.get("LG_DUELING"))
     threads = LINEAR_GEMM_DUELING_THREADS if dueling else GLU_GEMM_THREADS
-    smem = _linear_gemm_smem(dueling, cols)
+    smem = _linear_gemm_smem(dueling, cols, cfg.stages)
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
@@ -808,7 +847,8 @@ LINEAR_RELU_BACKWARD_COLS = 128  # linear_gemm_relu_backward's tile: 128 x 128 (
 
 
 def linear_gemm_relu_backward(a: Array, wt: Array, y: Array, *, addend: Array | None = None,
-                              out: Array | None = None, rounded: int = 0, tf32_out: bool = False) -> Array:
+                              out: Array | None = None, rounded: int = 0, tf32_out: bool = False,
+                              config: LinearGemmConfig | None = None) -> Array:
     """A ReLU layer's input gradient on the TF32 tensor cores with the ReLU's backward in the GEMM's
     epilogue: ``out = (a @ wt.T + addend) * (y > 0)`` (:func:`relu_backward` of the product, without
     the product's round trip through memory).
@@ -818,8 +858,8 @@ def linear_gemm_relu_backward(a: Array, wt: Array, y: Array, *, addend: Array | 
     ``y`` [M, N] this ReLU's output; ``addend`` [M, N] (the output's gradient from elsewhere) or
     None; ``out`` [M, N] (a new array when not given). Matrices may be views with any row pitch
     that is a multiple of 4 floats, 16-byte aligned. ``rounded`` and ``tf32_out`` as for
-    :func:`linear_gemm`. (One tile of 128 x 128 per SM at least is what makes it pay:
-    :func:`linear_gemm_relu_backward_fills`.)"""
+    :func:`linear_gemm`, ``config`` too. (One tile of 128 x 128 per SM at least is what makes it
+    pay: the execution plan's ``relu_gemm_at``.)"""
     k = "linear_gemm_relu_backward"
     M, K, N = _linear_operands(k, [a], [wt], None, rounded)
     lds = []
@@ -835,37 +875,22 @@ def linear_gemm_relu_backward(a: Array, wt: Array, y: Array, *, addend: Array | 
     if M:
         _linear_launch(k, [a], [wt], [out], None, (M, K, N), rounded,
                        {"LG_DRELU": 1, "LG_ROUND_OUT": int(bool(tf32_out))},
-                       (y, i32(ld_y), addend, i32(ld_addend)), cols=LINEAR_RELU_BACKWARD_COLS)
+                       (y, i32(ld_y), addend, i32(ld_addend)), cols=LINEAR_RELU_BACKWARD_COLS, config=config)
     return out
-
-
-def linear_gemm_relu_backward_fills(rows: int, cols: int) -> bool:
-    """Whether :func:`linear_gemm_relu_backward` over ``rows`` x ``cols`` has a tile (128 x 128)
-    for every SM at least; with fewer, cuBLAS's GEMM and :func:`relu_backward` (which spread
-    over every SM) are the faster pair."""
-    return -(-rows // GLU_GEMM_ROWS) * -(-cols // LINEAR_RELU_BACKWARD_COLS) >= sm_count()
-
-
-def heads_dueling_fills(rows: int, sets: int) -> bool:
-    """Whether :func:`heads_dueling` over ``rows`` rows of ``sets`` heads has a tile (128 rows) for
-    every SM at least. With fewer, each busy CTA's seven dueling warps walk their 128 rows alone
-    while the other SMs idle, where dueling_softmax_forward spreads the rows over every SM's
-    warps."""
-    return sets * -(-rows // GLU_GEMM_ROWS) >= sm_count()
 
 
 HEADS_DUELING_LANES = value("DG_LANES")  # lanes per row of heads_dueling's dueling warps
 HEADS_DUELING_BUDGET = value("DG_BUDGET")  # a branch's logits per lane, at most
-HEADS_DUELING_STAGED = True  # False: the distributions straight out, not through the staging buffer (LG_DUELING_STAGED)
 
 
-def heads_dueling_supported(offsets: Sequence[int], num_atoms: int) -> bool:
+def heads_dueling_supported(offsets: Sequence[int], num_atoms: int, lanes: int = HEADS_DUELING_LANES,
+                            budget: int = HEADS_DUELING_BUDGET) -> bool:
     """Whether :func:`heads_dueling`'s dueling warps take the branch layout: each lane of a row's
-    eight holds its atoms of every action of a branch, at most 24 values (dueling_row.cuh
-    DG_FITS). Branches of 13 or more actions with 9 to 12 atoms (or of 25 or more) do not fit;
-    their dueling forward runs apart (:func:`dueling_softmax_forward`)."""
+    ``lanes`` (8) holds its atoms of every action of a branch, at most ``budget`` (24) values
+    (dueling_row.cuh DG_FITS). Branches of 13 or more actions with 9 to 12 atoms (or of 25 or more)
+    do not fit; their dueling forward runs apart (:func:`dueling_softmax_forward`)."""
     largest = max(int(b) - int(a) for a, b in zip(offsets[:-1], offsets[1:]))
-    return largest * -(-int(num_atoms) // HEADS_DUELING_LANES) <= HEADS_DUELING_BUDGET
+    return largest * -(-int(num_atoms) // lanes) <= budget
 
 
 # linear_gemm.cu's DuelingArgs (LG_DUELING): v, z, the outputs (dueling_row.cuh's DuelingOutputs),
@@ -896,6 +921,8 @@ def heads_dueling(
     zq: Array | None = None,
     zq_scale: float = 1.0,
     rounded: int = 0,
+    straight: bool = False,
+    config: LinearGemmConfig | None = None,
 ) -> tuple[Array | None, Array | None, Array, Array | None]:
     """The advantage heads of ``branches`` ``(d0, d1)`` and the dueling forward over them in one
     launch: :func:`linear_gemm` (one set per branch: ``a[i]`` [M, K] branch ``d0 + i``'s GLU
@@ -907,7 +934,9 @@ def heads_dueling(
     be more: those rows' heads are computed, their dueling not). ``v`` [M, N padded] the value
     head (any row pitch), ``z`` [N] the support. ``adv[i]`` ([M, n] views, any row pitch of a
     multiple of 4 floats): the heads are written there as well (a caller that reads them);
-    otherwise they never reach memory.
+    otherwise they never reach memory. ``straight``: the distributions go from the lanes straight to
+    memory rather than through the staging buffer where the layout's registers allow it (for
+    comparison); ``config`` as for :func:`linear_gemm`.
 
     Returns ``(log_probs, probs, q, var)`` as :func:`dueling_softmax_forward`."""
     k = "heads_dueling"
@@ -944,10 +973,10 @@ def heads_dueling(
     ptr = [0 if x is None else x.data.ptr for x in (v, z, log_probs, probs, q, var, zq)]
     du = np.array([(*ptr, zq_pitch, zq_scale, v_pitch, d0, duel_rows, seg_rows, seg_wants, int(outs is not None))],
                   dtype=DUELING_ARGS)
-    staged = {} if HEADS_DUELING_STAGED else {"LG_DUELING_STAGED": 0}  # (else the layout's default)
+    staged = {"LG_DUELING_STAGED": 0} if straight else {}  # (else the layout's default)
     _linear_launch(k, a, wt, outs, bias, (M, K, n), rounded,
                    {"LG_RELU": 0, "LG_ROUND_OUT": 0, "LG_DUELING": 1, **staged, **branch_defines(offs, N, HEAD_ALIGN)},
-                   (du,))
+                   (du,), config=config)
     return log_probs, probs, q, var
 
 
@@ -959,20 +988,28 @@ GLU_BACKWARD_GEMM_PARTS = value("GB_PARTS")  # the staging buffer's parts, three
 GLU_BACK_ARGS = np.dtype([("maps", np.uint64, (2 * GLU_BACKWARD_GEMM_SETS + 1, 16))])
 
 
+@dataclass(frozen=True)
+class GluBackwardGemmConfig:
+    """How :func:`glu_backward_gemm`'s kernel is built: its ring's shared-memory stages (beside its
+    128 KiB of staged pre-activations; the table's three fill the block)."""
+
+    stages: int = GLU_BACKWARD_GEMM_STAGES
+
+    def __post_init__(self) -> None:
+        if self.stages < 3 or self.smem > SMEM_LIMIT:
+            raise ValueError(f"glu_backward_gemm: {self.stages} stages (at least 3) do not fit 227 KiB")
+
+    @property
+    def smem(self) -> int:
+        """Bytes of shared memory of glu_backward_gemm.cu: its stages (16 KiB of dadv and of Wo each),
+        the tile's pre-activations (128 KiB), two mbarriers per stage and three per part of the staging
+        buffer, the alignment (225 KiB in all with 3 stages)."""
+        return (self.stages * (TILE_A + GLU_GEMM_COLS * GLU_GEMM_BOX_K * 4) + 2 * GLU_BACKWARD_GEMM_PARTS * BOX
+                + 16 * self.stages + 24 * GLU_BACKWARD_GEMM_PARTS + 1024)
+
+
 def _glu_backward_gemm_smem() -> int:
-    """Bytes of shared memory of glu_backward_gemm.cu: its stages (16 KiB of dadv and of Wo each),
-    the tile's pre-activations (128 KiB), two mbarriers per stage and three per part of the staging
-    buffer, the alignment (225 KiB in all with 3 stages: a Hopper block may have 227)."""
-    return (GLU_BACKWARD_GEMM_STAGES * (16384 + 16384) + 131072 + 16 * GLU_BACKWARD_GEMM_STAGES
-            + 24 * GLU_BACKWARD_GEMM_PARTS + 1024)
-
-
-def glu_backward_gemm_fills(rows: int, blocks: int, H: int) -> bool:
-    """Whether :func:`glu_backward_gemm` over ``rows`` rows of ``blocks`` GLUs ``H`` wide has a tile
-    (128 rows x 128 GLU columns) for every SM at least. With fewer, each CTA's chain of load,
-    products, epilogue and store runs alone and cuBLAS's GEMM with ``glu_backward`` is faster (the
-    direction branch at 4096 rows: 13.4 against 10.0 us; benchmarks/bench_kernels.py)."""
-    return blocks * (H // GLU_GEMM_COLS) * -(-rows // GLU_GEMM_ROWS) >= sm_count()
+    return GluBackwardGemmConfig().smem
 
 
 def round_tf32(x: Array, *, out: Array | None = None) -> Array:
@@ -994,7 +1031,8 @@ GLU_BACKWARD_GEMM_DQ_H = 2 * value("GB_BH")  # dq's widest GLU: two column tiles
 
 
 def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, dq: Array | None = None,
-                      wq: Array | None = None, dq_set: int = 0) -> Array:
+                      wq: Array | None = None, dq_set: int = 0, config: GluBackwardGemmConfig | None = None,
+                      ctas: int | None = None) -> Array:
     """The GLU layers' backward from their advantage heads' gradients in one launch:
     :func:`glu_backward` of ``dh = [dadv[b] @ wo[b].T, ...]``, dh on the TF32 tensor cores (wgmma;
     see :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does) and
@@ -1011,8 +1049,12 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
     pitch), ``dq`` is written with ``dpv_s @ wq.T``, ``dpv_s`` branch ``dq_set``'s pre-activation
     gradients (in FP32, from the epilogue's registers): the gradient of the input columns that
     ``wq`` joins to that branch. ``dq`` is zeroed here and each column tile adds its sum: H up to
-    :data:`GLU_BACKWARD_GEMM_DQ_H` (two tiles, whose order cannot change the sum)."""
+    :data:`GLU_BACKWARD_GEMM_DQ_H` (two tiles, whose order cannot change the sum).
+
+    ``config``: how the kernel is built (:class:`GluBackwardGemmConfig`); ``ctas``: the persistent
+    grid's CTAs, at most one per tile (default: one per SM)."""
     k = "glu_backward_gemm"
+    cfg = config if config is not None else GluBackwardGemmConfig()
     sets = len(dadv)
     if not 1 <= sets <= GLU_BACKWARD_GEMM_SETS or len(wo) != sets:
         raise ValueError(f"{k}: 1 to {GLU_BACKWARD_GEMM_SETS} branches of dadv and wo, got {sets} dadv, {len(wo)} wo")
@@ -1051,14 +1093,13 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
     args["maps"][0, 2 * GLU_BACKWARD_GEMM_SETS] = tma.matrix_map(
         k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
     tail = (Kd - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
-    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": GLU_BACKWARD_GEMM_STAGES, "GB_TAIL_STEPS": tail,
-                                              "GB_NQ": nq})
-    smem = _glu_backward_gemm_smem()
+    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": cfg.stages, "GB_TAIL_STEPS": tail, "GB_NQ": nq})
+    smem = cfg.smem
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
     tiles = sets * (H // GLU_GEMM_COLS) * -(-M // GLU_GEMM_ROWS)
-    fn((min(tiles, sm_count()),), (GLU_BACKWARD_GEMM_THREADS,),
+    fn((min(tiles, sm_count() if ctas is None else int(ctas)),), (GLU_BACKWARD_GEMM_THREADS,),
        (args, i32(M), i32(Kd), i32(H), i32(sets), dq, i32(ld_dq), wq, i32(ld_wq), i32(dq_set)), shared_mem=smem)
     return pv
 
@@ -1070,10 +1111,26 @@ WGRAD_GEMM_THREADS = value("WG_THREADS")  # two consumer warpgroups and the prod
 WGRAD_GEMM_MIN_CHUNKS = 4  # each slice of the batch at least this many 32-row chunks
 
 
+@dataclass(frozen=True)
+class WgradGemmConfig:
+    """How :func:`wgrad_gemm`'s kernels (and :func:`wgrad_gemm_sets`', built from the same file) are
+    built: wgrad_gemm's shared-memory stages (the table's four)."""
+
+    stages: int = WGRAD_GEMM_STAGES
+
+    def __post_init__(self) -> None:
+        if self.stages < 3 or self.smem > SMEM_LIMIT:
+            raise ValueError(f"wgrad_gemm: {self.stages} stages (at least 3) do not fit 227 KiB")
+
+    @property
+    def smem(self) -> int:
+        """Bytes of shared memory of wgrad_gemm: its stages (16 KiB of y and 33 KiB of xt each), two
+        mbarriers per stage, the 1024-byte alignment of the swizzled tiles."""
+        return self.stages * (TILE_A + WGRAD_GEMM_ROWS * GLU_GEMM_BOX_K * 4) + 16 * self.stages + 1024
+
+
 def _wgrad_gemm_smem() -> int:
-    """Bytes of shared memory of wgrad_gemm.cu: its stages (16 KiB of y and 33 KiB of xt each),
-    two mbarriers per stage, the 1024-byte alignment of the swizzled tiles."""
-    return WGRAD_GEMM_STAGES * (16384 + WGRAD_GEMM_ROWS * 128) + 16 * WGRAD_GEMM_STAGES + 1024
+    return WgradGemmConfig().smem
 
 
 def wgrad_gemm_supported(n: int | None = None) -> bool:
@@ -1094,7 +1151,7 @@ def wgrad_splits(K: int, M: int, sets: int = 1) -> tuple[int, int]:
 
 
 def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tuple[int, int] = (0, 0),
-               keep_cols: tuple[int, int] = (0, 0)) -> Array:
+               keep_cols: tuple[int, int] = (0, 0), config: WgradGemmConfig | None = None) -> Array:
     """A weight gradient over the batch: ``out`` [N, M] = ``xt @ y`` = ``x.T @ y`` on the TF32
     tensor cores (wgmma; see :func:`wgrad_gemm_supported`; both operands rounded to TF32 to
     nearest, as cuBLAS does, the products accumulated in float32), rows ``zero_rows`` then zero
@@ -1104,10 +1161,12 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
     (:func:`transpose`); ``y`` [K, M] the gradient of the layer's output; K the batch, split over
     the CTAs (:func:`wgrad_splits`) and the slices' partial sums added in a fixed order, so that the
     result does not depend on timing. ``xt`` and ``y`` (moved by TMA) may be views with row
-    pitches of a multiple of 4 floats, 16-byte aligned; ``out`` (new when not given) any view."""
+    pitches of a multiple of 4 floats, 16-byte aligned; ``out`` (new when not given) any view.
+    ``config``: how the kernel is built (:class:`WgradGemmConfig`)."""
     import cupy
 
     k = "wgrad_gemm"
+    cfg = config if config is not None else WgradGemmConfig()
     _tc_operands(k, "xt and y", (xt, y))
     N, K = xt.shape
     M = y.shape[1]
@@ -1132,14 +1191,14 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
     part = cupy.empty((splits, WGRAD_GEMM_ROWS, tiles * GLU_GEMM_ROWS), dtype=F32)
     map_y = tma.matrix_map(k, "y", y, GLU_GEMM_BOX_K, GLU_GEMM_BOX_K)
     map_xt = tma.matrix_map(k, "xt", xt, GLU_GEMM_BOX_K, WGRAD_GEMM_BOX_ROWS)
-    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": WGRAD_GEMM_STAGES})
-    smem = _wgrad_gemm_smem()
+    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": cfg.stages})
+    smem = cfg.smem
     if id(fn) not in _BIG_SMEM:  # opt in to more than 48 KiB of shared memory (once per compiled kernel)
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
     fn((tiles * splits,), (WGRAD_GEMM_THREADS,), (map_y, map_xt, part, i32(K), i32(M), i32(k_split), i32(tiles)),
        shared_mem=smem)
-    _wgrad_reduce(part, [out], ld_out, splits, tiles, N, M, zero_rows, keep_cols)
+    _wgrad_reduce(part, [out], ld_out, splits, tiles, N, M, cfg, zero_rows, keep_cols)
     return out
 
 
@@ -1151,33 +1210,39 @@ WGRAD_GEMM_TX_STAGES = value("WT_STAGES")
 
 
 def _wgrad_reduce(part: Array, outs: Sequence[Array], ld_out: int, splits: int, tiles: int, N: int, M: int,
-                  zero_rows: tuple[int, int] = (0, 0), keep_cols: tuple[int, int] = (0, 0)) -> None:
+                  cfg: WgradGemmConfig, zero_rows: tuple[int, int] = (0, 0),
+                  keep_cols: tuple[int, int] = (0, 0)) -> None:
     """wgrad_reduce: each set's slices of the batch summed in order into its output."""
     ptrs = np.zeros(1, dtype=OUT_SETS)
     for i, o in enumerate(outs):
         ptrs["out"][0, i] = o.data.ptr
-    _kernel("wgrad_gemm.cu", "wgrad_reduce", {"WG_STAGES": WGRAD_GEMM_STAGES})(
+    _kernel("wgrad_gemm.cu", "wgrad_reduce", {"WG_STAGES": cfg.stages})(
         (_elementwise_grid(len(outs) * N * M),), (THREADS,),
         (part, i32(len(outs)), i32(splits), i32(tiles * GLU_GEMM_ROWS), ptrs, i32(ld_out), i32(N), i32(M),
          i32(zero_rows[0]), i32(zero_rows[1]), i32(keep_cols[0]), i32(keep_cols[1])))
 
 
 def _wgrad_gemm_tx_smem() -> int:
-    """Bytes of shared memory of wgrad_gemm_tx: its stages (16 KiB of y, 36 KiB of x as loaded),
-    the two transposed buffers (33 KiB each), the mbarriers, the alignment (222 KiB in all)."""
-    return WGRAD_GEMM_TX_STAGES * (16384 + 36864) + 2 * WGRAD_GEMM_ROWS * 128 + 16 * WGRAD_GEMM_TX_STAGES + 1024
+    """Bytes of shared memory of wgrad_gemm_tx: its stages (16 KiB of y, 36 KiB of x as loaded: nine
+    boxes of 32 columns), the two transposed buffers (33 KiB each), the mbarriers, the alignment
+    (222 KiB in all)."""
+    raw = -(-WGRAD_GEMM_ROWS // 32) * GLU_GEMM_BOX_K * 128
+    return (WGRAD_GEMM_TX_STAGES * (TILE_A + raw) + 2 * WGRAD_GEMM_ROWS * GLU_GEMM_BOX_K * 4
+            + 16 * WGRAD_GEMM_TX_STAGES + 1024)
 
 
-def wgrad_gemm_sets(x: Sequence[Array], y: Sequence[Array], out: Sequence[Array]) -> list[Array]:
+def wgrad_gemm_sets(x: Sequence[Array], y: Sequence[Array], out: Sequence[Array], *,
+                    config: WgradGemmConfig | None = None) -> list[Array]:
     """Up to :data:`WGRAD_SETS` weight gradients over the batch in one launch, ``out[b]`` [N, M] =
     ``x[b].T @ y[b]``, with ``x[b]`` [K, N] as the layer's input is (batch-major: the advantage
     heads' h, which no pass transposes) and ``y[b]`` [K, M]: as :func:`wgrad_gemm`, x transposed in
     shared memory by the kernel (``wgrad_gemm_tx``). Every matrix may be a view (x and y with row
     pitches of a multiple of 4 floats, 16-byte aligned; the outputs with one row pitch for all);
-    256 < N <= 264, M a multiple of 4."""
+    256 < N <= 264, M a multiple of 4; ``config`` as for :func:`wgrad_gemm` (the kernels' file)."""
     import cupy
 
     k = "wgrad_gemm_tx"
+    cfg = config if config is not None else WgradGemmConfig()
     sets = len(x)
     if not 1 <= sets <= WGRAD_SETS or len(y) != sets or len(out) != sets:
         raise ValueError(f"{k}: 1 to {WGRAD_SETS} sets of x, y and out, got {sets} x, {len(y)} y, {len(out)} out")
@@ -1209,14 +1274,14 @@ def wgrad_gemm_sets(x: Sequence[Array], y: Sequence[Array], out: Sequence[Array]
         args["maps"][0, i] = tma.matrix_map(k, f"y[{i}]", y[i], GLU_GEMM_BOX_K, GLU_GEMM_BOX_K)["opaque"][0]
         args["maps"][0, WGRAD_SETS + i] = tma.matrix_map(k, f"x[{i}]", x[i], GLU_GEMM_BOX_K,
                                                          GLU_GEMM_BOX_K)["opaque"][0]
-    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": WGRAD_GEMM_STAGES})
+    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": cfg.stages})
     smem = _wgrad_gemm_tx_smem()
     if id(fn) not in _BIG_SMEM:
         fn.max_dynamic_shared_size_bytes = smem
         _BIG_SMEM.add(id(fn))
     fn((sets * tiles * splits,), (WGRAD_GEMM_THREADS,),
        (args, part, i32(K), i32(M), i32(k_split), i32(tiles), i32(splits)), shared_mem=smem)
-    _wgrad_reduce(part, out, lds.pop(), splits, tiles, N, M)
+    _wgrad_reduce(part, out, lds.pop(), splits, tiles, N, M, cfg)
     return list(out)
 
 

@@ -94,7 +94,8 @@ def _kernels() -> types.SimpleNamespace:
         direction-Q ones the dueling kernel writes behind them)."""
         return rounded == 0 or any(np.shares_memory(x, y) and rounded <= cols for y, cols in rounded_out)
 
-    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None, rounded=0, tf32_h=False):
+    def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None, rounded=0, tf32_h=False,
+                 config=None):
         assert wt is None or np.array_equal(wt, w.T)
         assert written_rounded(u, rounded), rounded
         rpv, rh = R.glu_gemm(u, w, bias, width, blocks)
@@ -105,12 +106,12 @@ def _kernels() -> types.SimpleNamespace:
             rounded_out.append((h, rh.shape[1] // blocks))
         return h
 
-    def linear_gemm(a, wt, out=None, *, bias=None, relu=False, tf32_out=False, rounded=0):
+    def linear_gemm(a, wt, out=None, *, bias=None, relu=False, tf32_out=False, rounded=0, config=None):
         assert all(written_rounded(x, rounded) for x in a), rounded
         refs = R.linear_gemm(a, [t.T for t in wt], bias, relu)
         return [_put(None if out is None else o, r) for o, r in zip(out or [None] * len(a), refs)]
 
-    def linear_gemm_relu_backward(a, wt, y, *, addend=None, out=None, rounded=0, tf32_out=False):
+    def linear_gemm_relu_backward(a, wt, y, *, addend=None, out=None, rounded=0, tf32_out=False, config=None):
         assert written_rounded(a, rounded), rounded
         r = _put(out, R.linear_gemm_relu_backward(a, wt.T, y, addend))
         if tf32_out:
@@ -120,17 +121,17 @@ def _kernels() -> types.SimpleNamespace:
     def round_tf32(x, *, out=None):  # (float64 here: TF32 modelled as exact, as in matmul)
         return _put(out, x.copy())
 
-    def glu_backward_gemm(dadv, wo, pv, *, dq=None, wq=None, dq_set=0):
+    def glu_backward_gemm(dadv, wo, pv, *, dq=None, wq=None, dq_set=0, config=None, ctas=None):
         pv[...] = R.glu_backward_gemm(dadv, wo, pv)
         if dq is not None:
             assert wq.shape[0] <= 4 and wo[0].shape[0] <= 256 and 0 <= dq_set < len(dadv)
             dq[...] = R.glu_backward_dq(pv, wq, dq_set, wo[0].shape[0])
         return pv
 
-    def wgrad_gemm(xt, y, *, out=None, zero_rows=(0, 0), keep_cols=(0, 0)):
+    def wgrad_gemm(xt, y, *, out=None, zero_rows=(0, 0), keep_cols=(0, 0), config=None):
         return _put(out, R.wgrad_gemm(xt.T, y, zero_rows, keep_cols))
 
-    def wgrad_gemm_sets(x, y, out):
+    def wgrad_gemm_sets(x, y, out, *, config=None):
         return [_put(o, R.wgrad_gemm(a, b)) for a, b, o in zip(x, y, out)]
 
     def vsn_forward(h2, mpre, *, width=None, keep_rows=None, m=None, z=None, tf32=False):
@@ -181,7 +182,7 @@ def _kernels() -> types.SimpleNamespace:
         return log_probs, probs, q, var
 
     def heads_dueling(a, wt, v, z, offsets, *, branches, segments, seg_rows, bias=None, adv=None, log_probs=None,
-                      probs=None, q=None, var=None, zq=None, zq_scale=1.0, rounded=0):
+                      probs=None, q=None, var=None, zq=None, zq_scale=1.0, rounded=0, straight=False, config=None):
         # The heads as linear_gemm computes them, then the dueling forward of the segments' rows
         # from them: the heads reach memory (adv) only when asked.
         heads = linear_gemm(a, wt, adv, bias=bias, rounded=rounded)

@@ -41,21 +41,27 @@ CASES = cases()
 
 
 def _config(name: str, kwargs: dict) -> tuple[dict | None, dict]:
-    """The compile-time configuration each wrapper launches its kernel with."""
+    """The compile-time configuration each wrapper launches its kernel with (the config the call
+    passes, else the wrapper's default), as the recorded traces name it."""
+    kwargs = dict(kwargs)
+    cfg = kwargs.pop("config", None)
+    straight = kwargs.pop("straight", False)
     if name == "glu_gemm":
-        cfg = dict(stages=RK.GLU_GEMM_STAGES, staged_boxes=RK.GLU_GEMM_STAGED_BOXES,
-                   store_boxes=RK.GLU_GEMM_STORE_BOXES, cluster=RK.GLU_GEMM_CLUSTER, pv_tma=RK.GLU_GEMM_PV_TMA)
-    elif name in ("linear_gemm", "linear_gemm_relu_backward"):
-        cfg = dict(stages=RK.LINEAR_GEMM_STAGES, cluster=RK.LINEAR_GEMM_CLUSTER)
-    elif name == "heads_dueling":
-        cfg = dict(stages=RK.LINEAR_GEMM_STAGES, cluster=RK.LINEAR_GEMM_CLUSTER, staged=RK.HEADS_DUELING_STAGED)
+        c = cfg or RK.GluGemmConfig()
+        out = dict(stages=c.stages, staged_boxes=c.staged_boxes, store_boxes=c.store_boxes, cluster=c.cluster,
+                   pv_tma=c.pv_tma)
+    elif name in ("linear_gemm", "linear_gemm_relu_backward", "heads_dueling"):
+        c = cfg or RK.LinearGemmConfig()
+        out = dict(stages=c.stages, cluster=c.cluster)
+        if name == "heads_dueling":
+            out["staged"] = not straight
     elif name in ("wgrad_gemm", "wgrad_gemm_sets"):
-        cfg = dict(stages=RK.WGRAD_GEMM_STAGES)
+        out = dict(stages=(cfg or RK.WgradGemmConfig()).stages)
     elif name == "glu_backward_gemm":
-        cfg = dict(stages=RK.GLU_BACKWARD_GEMM_STAGES)
+        out = dict(stages=(cfg or RK.GluBackwardGemmConfig()).stages)
     else:
-        cfg = None
-    return cfg, kwargs
+        out = None
+    return out, kwargs
 
 
 def trace(case: tuple) -> Recorder:

@@ -156,6 +156,7 @@ class Backward:
         """z's gradient through the VSN and the trunk, their weight gradients beside."""
         fn, K, c, p = self.fn, self.K, self.c, self.p
         tc_relu = self.plan.relu_gemm_at(self.B)  # (dmpre then written rounded to TF32: read as it is)
+        cfg = self.plan.knobs.linear_gemm_config
         dh2_mask, dmpre = K.vsn_backward(self.dz[:, : self.H2], c["h2"], c["m"], tf32=bool(tc_relu))
         gm, gmb = self.slot("vsn.w"), self.slot("vsn.b")
         with fn.streams.beside():
@@ -163,7 +164,7 @@ class Backward:
             fn.colsum(dmpre, gmb)
         if tc_relu:  # dh2 written rounded to TF32: the next one reads it as it is
             dh2 = K.linear_gemm_relu_backward(dmpre, K.round_tf32(p["vsn.w"]), c["h2"], addend=dh2_mask,
-                                              rounded=dmpre.shape[1], tf32_out=True)
+                                              rounded=dmpre.shape[1], tf32_out=True, config=cfg)
         else:
             dh2 = K.relu_backward(dh2_mask, c["h2"], addend=fn.mm(dmpre, p["vsn.w"].T))
         g2, g2b = self.slot("trunk.w2"), self.slot("trunk.b2")
@@ -171,7 +172,8 @@ class Backward:
             fn.mm(c["h1"].T, dh2, out=g2)
             fn.colsum(dh2, g2b)
         if tc_relu:
-            dh1 = K.linear_gemm_relu_backward(dh2, K.round_tf32(p["trunk.w2"]), c["h1"], rounded=dh2.shape[1])
+            dh1 = K.linear_gemm_relu_backward(dh2, K.round_tf32(p["trunk.w2"]), c["h1"], rounded=dh2.shape[1],
+                                              config=cfg)
         else:
             dh1 = K.relu_backward(fn.mm(dh2, p["trunk.w2"].T), c["h1"])
         fn.mm(c["x"].T, dh1, out=self.grad_block("trunk.w1"))  # weights and (ones column) bias
@@ -208,7 +210,7 @@ class Backward:
                     and len({gw_out.strides for _, _, gw_out in wgrads}) == 1:
                 # One launch, h transposed in the kernel (wgrad_gemm_sets).
                 K.wgrad_gemm_sets([x.T for x, _, _ in wgrads], [dy for _, dy, _ in wgrads],
-                                  [gw_out for _, _, gw_out in wgrads])
+                                  [gw_out for _, _, gw_out in wgrads], config=plan.knobs.wgrad_gemm_config)
             else:
                 # One GEMM each: cuBLAS splits their long K = B reduction, which it never does inside a
                 # strided batch (benchmarks/bench_stack.py).
@@ -232,7 +234,8 @@ class Backward:
                     q_kw = {"dq": self.dq_z[:, :n_dir], "wq": self.block(ghome)[H2 : H2 + n_dir, c0 : c0 + 2 * H],
                             "dq_set": part.index(MAGNITUDE)}
                 K.glu_backward_gemm([dadv[:, hcol[d] : hcol[d + 1]] for d in part], wos,
-                                    dpv[:, 2 * H * i : 2 * H * (i + len(part))], **q_kw)
+                                    dpv[:, 2 * H * i : 2 * H * (i + len(part))],
+                                    config=plan.knobs.glu_backward_gemm_config, **q_kw)
         elif plan.gate_fast:
             K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
         else:  # the plugin's gate, per branch
@@ -258,7 +261,7 @@ class Backward:
                     i = g.index(MAGNITUDE)
                     keep = (with_v + 2 * H * i, with_v + 2 * H * (i + 1))
                 K.wgrad_gemm(self.zt[0], dy, out=gw, zero_rows=(H2, H2 + n_dir) if self.use_zq else (0, 0),
-                             keep_cols=keep)
+                             keep_cols=keep, config=plan.knobs.wgrad_gemm_config)
             else:
                 fn.mm(z.T if bu is None else bu.T, dy, out=gw)  # weights and (ones column) biases
             if bu is None and self.use_zq and not plan.wgrad_gemm:

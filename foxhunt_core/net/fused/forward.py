@@ -165,7 +165,7 @@ class ForwardGroup:
                 u_, w_ = (z[:, :H2], wg[:H2]) if no_tail else (z, wg)
                 K.glu_gemm(u_, w_, bias=wg[-1] if no_tail else None, width=Wh, blocks=len(g), h=h,
                            pv=pv[:keep] if keep else None, wt=K.transpose(w_), rounded=H2 if z_tf32 else 0,
-                           tf32_h=True)
+                           tf32_h=True, config=plan.knobs.glu_gemm_config)
             else:
                 if no_tail:
                     fn.mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)
@@ -265,6 +265,7 @@ class ForwardGroup:
                              segments=self.kernel_wants[:n], seg_rows=self.rows[0], bias=biases,
                              adv=outs if self.heads_wanted else None, zq=None if zq is None else zq[:r1],
                              zq_scale=1.0 / self.net.q_scale, rounded=self.H,
+                             straight=self.plan.knobs.heads_dueling_straight, config=self.plan.knobs.linear_gemm_config,
                              **{k: (a[:r1] if a is not None else None) for k, a in self.res.items()})
         return True
 
@@ -310,7 +311,7 @@ class ForwardGroup:
         160-column tile per branch; the bias in its epilogue), from their GLU outputs ``h`` as
         glu_gemm wrote them: rounded to TF32."""
         ins, wts, biases, outs = self.advantage_sets(g, h)
-        self.K.linear_gemm(ins, wts, outs, bias=biases, rounded=self.H)
+        self.K.linear_gemm(ins, wts, outs, bias=biases, rounded=self.H, config=self.plan.knobs.linear_gemm_config)
 
     def branch_input(self, d: int, extra_cols: list[Array], width: int) -> Array:
         """Branch ``d``'s augmented input ``[z, (q_dir / q_scale), extra columns, 0, ..., 0, 1]``

@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...gpu.defines import value
+from ...gpu.kernels import (
+    GluBackwardGemmConfig,
+    GluGemmConfig,
+    LinearGemmConfig,
+    WgradGemmConfig,
+    heads_dueling_supported,
+)
 from ...gpu.launch import HEAD_ALIGN, head_columns
 from . import layout
 from .table import ARRANGEMENTS, FILL_RULE, THRESHOLDS
@@ -61,7 +68,7 @@ def heads_fit(offsets: Sequence[int], num_atoms: int, limits: Limits = KERNEL_LI
     if widest > limits.head_cols:
         return Decision(False, f"a branch's advantage block of {widest} columns is wider than the heads' tile "
                                f"({limits.head_cols})")
-    if per_lane > limits.dueling_budget:
+    if not heads_dueling_supported(offsets, num_atoms, limits.dueling_lanes, limits.dueling_budget):
         return Decision(False, f"{largest} actions of {num_atoms} atoms take {per_lane} values per lane of the "
                                f"dueling warps (at most {limits.dueling_budget})")
     return Decision(True, "every branch's advantage block within the heads' tile, its logits within the dueling "
@@ -139,6 +146,12 @@ class Knobs:
     relu_gemm: bool = True
     joint_dz: bool = True
     side_stream: bool = True
+    # how the tensor-core kernels are built (their rings of stages, clusters, staging)
+    glu_gemm_config: GluGemmConfig = field(default_factory=GluGemmConfig)
+    linear_gemm_config: LinearGemmConfig = field(default_factory=LinearGemmConfig)
+    heads_dueling_straight: bool = False  # heads_dueling's distributions not through its staging buffer
+    glu_backward_gemm_config: GluBackwardGemmConfig = field(default_factory=GluBackwardGemmConfig)
+    wgrad_gemm_config: WgradGemmConfig = field(default_factory=WgradGemmConfig)
 
 
 @dataclass(frozen=True)
