@@ -185,8 +185,8 @@ def test_wrappers_size_their_launches_by_the_table() -> None:
     assert K.WGRAD_SETS_ARGS.itemsize == 2 * K.WGRAD_SETS * 128 and K.OUT_SETS.itemsize == 8 * K.WGRAD_SETS
     size = 3 * K.LINEAR_GEMM_SETS * 128 + 8 * K.LINEAR_GEMM_SETS  # sizeof(LinearArgs): maps, bias pointers
     assert K.LINEAR_ARGS.itemsize == -(-size // 64) * 64  # (__align__(64))
-    for smem in (K._glu_backward_gemm_smem(), K._wgrad_gemm_smem(), K._wgrad_gemm_tx_smem(),
-                 K._linear_gemm_smem(dueling=True), K._linear_gemm_smem(), K.GluGemmConfig().smem):
+    for smem in (K.GluBackwardGemmConfig().smem, K.WgradGemmConfig().smem, K.wgrad_gemm_tx_smem(),
+                 K.linear_gemm_smem(dueling=True), K.linear_gemm_smem(), K.GluGemmConfig().smem):
         assert smem <= 227 * 1024
 
 
