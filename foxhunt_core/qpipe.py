@@ -51,10 +51,12 @@ class QPipeline:
         pre: list[PreAttentionStage] | tuple = (),
         post: list[PostAttentionStage] | tuple = (),
         select: ActionSelectStage | None = None,
+        attention: Any = attention,
     ) -> None:
         self.pre = tuple(pre)
         self.post = tuple(post)
         self.select = select
+        self.attention = attention  # forward/backward of the attention (the step's: array ops or its kernels)
 
     def forward(
         self, params: dict[str, dict], probs: Array, z: Array, keep_cache: bool = False,
@@ -68,7 +70,7 @@ class QPipeline:
         for st in self.pre:
             q = st.forward(xp, q)
         caches = []
-        q, c = attention.forward(params["core"], q)
+        q, c = self.attention.forward(params["core"], q)
         caches.append(c)
         for st in self.post:
             q, c = st.forward(xp, params.get(st.name, {}), q)
@@ -88,8 +90,8 @@ class QPipeline:
             dq, g = st.backward(xp, params.get(st.name, {}), c, dq)
             if st.name in params:
                 grads[st.name] = g
-        _, grads["core"] = attention.backward(params["core"], out.caches[0], dq,
-                                              grads_into=(grads_into or {}).get("core"))
+        _, grads["core"] = self.attention.backward(params["core"], out.caches[0], dq,
+                                                   grads_into=(grads_into or {}).get("core"))
         return grads
 
     def selection_values(self, probs: Array, z: Array, out: QOut, iqn_readiness: Any) -> Array:
