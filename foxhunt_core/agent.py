@@ -20,6 +20,7 @@ The update is, in either step:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from .qpipe import QOut, QPipeline, branch_argmax
 from .stages import BuildContext
 from .step import ReferenceStep, Step, Tree, merge_grads, tree_copy, tree_to
 
-__all__ = ["Agent", "merge_grads", "step_class", "tree_copy", "tree_to"]
+__all__ = ["Agent", "Stages", "build_stages", "merge_grads", "step_class", "tree_copy", "tree_to"]
 
 Array = Any
 Q_HOOKS = ("pre_attention", "post_attention", "action_select")
@@ -46,6 +47,43 @@ def step_class(xp: Any, dtype: Any) -> type[Step]:
 
         return FusedStep
     return ReferenceStep
+
+
+@dataclass
+class Stages:
+    """The hot-path stages of one flag set, as the hooks returned them (once), and their owners."""
+
+    gate: Any = None
+    branch_inputs: list[Any] = field(default_factory=list)
+    pre: list[Any] = field(default_factory=list)
+    post: list[Any] = field(default_factory=list)
+    select: Any = None
+    owners: dict[str, list[str]] = field(default_factory=dict)  # hook -> plugin names
+
+
+def build_stages(plugins: PluginSet, settings: RunSettings, xp: Any, options: dict[str, Any] | None = None) -> Stages:
+    """Ask the hot-path hooks for their stages (first result for the one-stage hooks)."""
+    ctx = BuildContext(settings=settings, xp=xp, options=options or {})
+    st = Stages()
+
+    def one(hook: str) -> Any:
+        res = plugins.ordered(hook, ctx=ctx)
+        if res:
+            st.owners[hook] = [res[0][0]]
+            return res[0][1]
+        return None
+
+    def many(hook: str) -> list[Any]:
+        res = plugins.ordered(hook, ctx=ctx)
+        st.owners[hook] = [n for n, _ in res]
+        return [s for _, s in res]
+
+    st.gate = one("gate_activation")
+    st.branch_inputs = many("branch_inputs")
+    st.pre = many("pre_attention")
+    st.post = many("post_attention")
+    st.select = one("action_select")
+    return st
 
 
 class Agent:
@@ -65,16 +103,12 @@ class Agent:
         self.settings = settings
         self.xp = xp
         self.dtype = dtype
-        ctx = BuildContext(settings=settings, xp=xp, options=options or {})
-        self.stage_owners: dict[str, list[str]] = {}
-        gate = self._one(plugins, "gate_activation", ctx)
-        branch_inputs = self._many(plugins, "branch_inputs", ctx)
-        pre = self._many(plugins, "pre_attention", ctx)
-        post = self._many(plugins, "post_attention", ctx)
-        select = self._one(plugins, "action_select", ctx)
+        st = build_stages(plugins, settings, xp, options)
+        self.stage_owners: dict[str, list[str]] = st.owners
+        post = st.post
         step = step_class(xp, dtype)
-        self.net = BranchingC51(settings.net, gate=gate, branch_inputs=branch_inputs)
-        self.qpipe = QPipeline(pre=pre, post=post, select=select, attention=step.attention)
+        self.net = BranchingC51(settings.net, gate=st.gate, branch_inputs=st.branch_inputs)
+        self.qpipe = QPipeline(pre=st.pre, post=post, select=st.select, attention=step.attention)
         self.offsets = self.net.offsets
         self.num_branches = len(self.net.sizes)
 
@@ -90,18 +124,6 @@ class Agent:
             q_stages = [(h, n) for h in Q_HOOKS for n in self.stage_owners.get(h, [])]
             self.step = step(self.net, self.qpipe, settings, xp, dtype, tree, q_stages=q_stages,
                              plan_overrides=plan_overrides)
-
-    def _one(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> Any:
-        res = plugins.ordered(hook, ctx=ctx)
-        if res:
-            self.stage_owners[hook] = [res[0][0]]
-            return res[0][1]
-        return None
-
-    def _many(self, plugins: PluginSet, hook: str, ctx: BuildContext) -> list[Any]:
-        res = plugins.ordered(hook, ctx=ctx)
-        self.stage_owners[hook] = [n for n, _ in res]
-        return [st for _, st in res]
 
     # ------------------------------------------------------------------ the step's state
     @property

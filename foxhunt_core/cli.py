@@ -23,6 +23,7 @@ from . import __version__
 from .backend import BackendError
 from .checkpoint import CheckpointError, atomic_write_text, load_checkpoint
 from .config import RunSettings
+from .explain import ExplainError
 from .flags import FlagError, load_flags, parse_flags
 from .logs import jsonable
 from .plugins import PluginError, discover
@@ -108,13 +109,20 @@ def _write_manifest(out: Path, flags_path: str, flags_text: str, sha: str, setti
 @app.command()
 def train(
     flags: Path = typer.Option(..., "--flags", help="Flag file (YAML)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create or overwrite."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory to create or overwrite (required to train)."),
     steps: int | None = typer.Option(None, help="Gradient updates (overrides the flag file)."),
     seed: int | None = typer.Option(None, help="Run seed (overrides the flag file)."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (overrides the flag file)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Batch size (overrides the flag file)."),
     quiet: bool = typer.Option(False, help="No progress output."),
+    explain: bool = typer.Option(False, "--explain", help="Print the GPU execution plan of the update (every kernel "
+                                 "choice and why) for the flag file and batch size, then exit without training."),
+    gpu: str | None = typer.Option(None, "--gpu", help="With --explain: plan for this device, CAPABILITY:SMS (e.g. "
+                                   "90:132 for an H200), where this machine has none."),
 ) -> None:
     """Train an agent with the plugins a flag file enables, then evaluate it on the test split."""
+    if out is None and not explain:
+        _fail("--out: a run directory is required to train (or give --explain)")
     try:
         f = load_flags(flags)
         over: dict[str, Any] = {}
@@ -123,12 +131,20 @@ def train(
         if device is not None:
             over["device"] = device
         settings = f.settings.model_copy(update=over)
-        if steps is not None:
-            settings = settings.model_copy(update={"train": settings.train.model_copy(update={"steps": steps})})
+        train_over = {k: v for k, v in (("steps", steps), ("batch_size", batch_size)) if v is not None}
+        if train_over:
+            settings = settings.model_copy(update={"train": settings.train.model_copy(update=train_over)})
         settings = RunSettings.model_validate(settings.model_dump())
         plugins = (f.registry or discover()).plugin_set(f.enabled)
+        if explain:
+            from .explain import plan_for
+            from .net.fused.record import explain as explain_text
+
+            out_console.print(explain_text(plan_for(settings, plugins, f.option_models, gpu)), highlight=False,
+                              markup=False, soft_wrap=True)
+            return
         trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models, console=not quiet)
-    except (FlagError, PluginError, BackendError) as exc:
+    except (FlagError, PluginError, BackendError, ExplainError) as exc:
         _fail(str(exc))
     except ValidationError as exc:
         _fail("\n".join(f"command line: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))

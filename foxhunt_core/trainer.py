@@ -7,6 +7,8 @@ A run directory holds::
     metrics.json      Q-statistics and training scalars every stats interval (atomic)
     log.jsonl         structlog JSON event log
     eval.json         evaluation table on the held-out (test) split (atomic)
+    gpu_plan.json     on the GPU: the execution plan of the update, every kernel choice and why
+                      (foxhunt_core.net.fused.record; `foxhunt train --explain` prints the same)
     gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
                       beside each checkpoint); a run started in this directory again (resume)
                       reads it back before its first GEMM, so it repeats the same algorithms.
@@ -60,6 +62,7 @@ from .qpipe import branch_argmax
 
 CHECKPOINT = "checkpoint.safetensors"
 GEMM_TUNING = "gemm_tuning.json"
+GPU_PLAN = "gpu_plan.json"
 EVAL_COLUMNS = ("total_return", "sharpe", "max_drawdown", "turnover")
 
 
@@ -94,6 +97,7 @@ class Trainer:
         self.market = simulate(m)
         self.splits = split_by_time(self.market, m.train_fraction, m.val_fraction)
         self.agent = Agent(settings, self.plugins, self.xp, g_init, options=self.options)
+        self._record_plan()
         nb = self.agent.num_branches
         t = settings.train
         self.stream: Any = None
@@ -119,6 +123,20 @@ class Trainer:
         self.train_seconds = 0.0
         self.steady_updates_per_second: float | None = None  # of the last train() call (see there)
         self.graphed: Any = None
+
+    def _record_plan(self) -> None:
+        """The GPU step's execution plan into the run directory, and each plugin stage on its slow
+        path said once in the log."""
+        plan = self.agent.plan
+        if plan is None:
+            return
+        from .net.fused.record import to_dict
+
+        if self.out_dir is not None:
+            atomic_write_text(self.out_dir / GPU_PLAN, json.dumps(jsonable(to_dict(plan)), indent=1))
+        for st in plan.stages:
+            if st.path == "slow":
+                self.log.event("slow_path", hook=st.hook, stage=st.name, why=st.why)
 
     @property
     def env_steps(self) -> int:

@@ -100,7 +100,7 @@ class Device:
         cap = cap.strip().lower().removeprefix("sm_").replace(".", "")
         if not sep or not cap.isdigit() or not sms.strip().isdigit() or int(sms) < 1:
             raise ValueError(f"device {text!r}: expected CAPABILITY:SMS, e.g. 90:132 (an H200)")
-        return cls(cap, int(sms), f"sm_{cap} with {int(sms)} SMs")
+        return cls(cap, int(sms))
 
     @property
     def wgmma(self) -> bool:

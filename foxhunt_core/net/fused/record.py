@@ -27,7 +27,7 @@ def _forward(plan: ExecutionPlan, part: str, rows: int, stacked: bool, wants: li
     """One forward group of ``rows`` rows (its segments wanting ``wants``), as ForwardGroup runs it."""
     sh = plan.shapes
     D = len(sh.offsets) - 1
-    trunk = "the trunk's layers are cuBLAS's" + (" (strided-batched over the stacked trees)" if stacked else "")
+    trunk = "no fused kernel takes the trunk's GEMMs" + (" (strided-batched over the stacked trees)" if stacked else "")
     out = [_choice(part, "trunk and VSN", "cuBLAS GEMMs (bias and ReLU in the epilogue), vsn_forward", trunk)]
     glu = plan.glu_gemm_for(stacked)
     wanted_past_direction = any(tuple(x for x in w if x != HEADS) for w in wants)
@@ -69,7 +69,9 @@ def _forward(plan: ExecutionPlan, part: str, rows: int, stacked: bool, wants: li
 def _backward(plan: ExecutionPlan, B: int) -> list[Choice]:
     sh = plan.shapes
     part = f"backward ({B} rows)"
-    out = [_choice(part, "dueling backward", "dueling_backward (two passes)", "always")]
+    out = [_choice(part, "dueling backward", "dueling_backward (two passes)", "the dueling aggregation's backward "
+                   "has one form: the branches past the direction branch, then the direction branch with the "
+                   "magnitude branch's conditioning gradient")]
     for g in sh.groups:
         name = "the direction branch" if g[0] == DIRECTION else f"branches {list(g)}"
         tc = plan.glu_backward_at(B, len(g))
@@ -151,8 +153,9 @@ def to_dict(plan: ExecutionPlan) -> dict[str, Any]:
 def explain(plan: ExecutionPlan) -> str:
     """The plan as text: one line per choice, the reason beneath."""
     d = plan.device
-    lines = [f"GPU execution plan: {d.name or 'sm_' + d.capability} (compute capability {d.capability}, "
-             f"{d.sm_count} SMs), TF32 {'on' if plan.tf32 else 'off'}, batch {plan.batch}"]
+    cap = f"{d.capability[:-1]}.{d.capability[-1]}" if len(d.capability) > 1 else d.capability
+    lines = [f"GPU execution plan: {d.name + ', ' if d.name else ''}compute capability {cap}, {d.sm_count} SMs, "
+             f"TF32 {'on' if plan.tf32 else 'off'}, batch {plan.batch}"]
     lines.append("stages:")
     for s in plan.stages:
         lines.append(f"  {s.hook} {s.name}: {s.path} path ({s.why})")
