@@ -92,7 +92,6 @@ def test_unreadable_checkpoint_exits_2(tmp_path):
 
 
 def test_cuda_without_gpu_is_a_clear_error(trained, tmp_path):
-    pytest.importorskip("numpy")
     from foxhunt_core.backend import cuda_available
 
     if cuda_available():
