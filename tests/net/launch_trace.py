@@ -254,7 +254,7 @@ def launchers(rec: Recorder, config: Any) -> dict[str, Any]:
     return {f.__name__: recorded(f) for f in fns}
 
 
-def blas(rec: Recorder, tf32: bool) -> types.SimpleNamespace:
+def blas(rec: Recorder) -> types.SimpleNamespace:
     def matmul(a, b, out=None, beta=0.0, **kw):
         rec.call("matmul", (a, b), {"out": out, "beta": beta, **kw})
         return _given(out, (a.shape[0], b.shape[1]))
@@ -262,7 +262,7 @@ def blas(rec: Recorder, tf32: bool) -> types.SimpleNamespace:
     def ones_row(rows, dtype):
         return np.ones((1, rows), dtype=np.float32)
 
-    return types.SimpleNamespace(matmul=matmul, ones_row=ones_row, tf32_enabled=lambda: tf32)
+    return types.SimpleNamespace(matmul=matmul, ones_row=ones_row)
 
 
 def side_streams(rec: Recorder) -> types.SimpleNamespace:

@@ -73,7 +73,7 @@ def trace(case: tuple) -> Recorder:
     net = network(shape)
     plan = ExecutionPlan.build(net, Device(cc, sms), tf32, rows)
     kernels = types.SimpleNamespace(**launchers(rec, _config), **{n: getattr(RK, n) for n in CONSTANTS})
-    fn = FusedNetwork(net, plan, kernels=kernels, blas=blas(rec, tf32), streams=side_streams(rec), xp=numpy_cupy())
+    fn = FusedNetwork(net, plan, kernels=kernels, blas=blas(rec), streams=side_streams(rec), xp=numpy_cupy())
     storage = fn.storage_shapes()
     rec.call("layout", (), {"storage": {k: repr(v) for k, v in storage.items()}})
     online, twin, target = stacked_trees(net, storage)
