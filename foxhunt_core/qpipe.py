@@ -53,6 +53,7 @@ class QPipeline:
         pre: list[PreAttentionStage] | tuple = (),
         post: list[PostAttentionStage] | tuple = (),
         select: ActionSelectStage | None = None,
+        attention: Any = attention,
     ) -> None:
         self.pre = tuple(pre)
         self.post = tuple(post)
@@ -60,6 +61,7 @@ class QPipeline:
             raise TypeError(f"action-select stage {getattr(select, 'name', select)!r} must say in_evaluation "
                             "(True or False: whether greedy evaluation chooses by its values too)")
         self.select = select
+        self.attention = attention  # forward/backward of the attention (the step's: array ops or its kernels)
 
     def forward(
         self, params: dict[str, dict], probs: Array, z: Array, keep_cache: bool = False,
@@ -73,7 +75,7 @@ class QPipeline:
         for st in self.pre:
             q = st.forward(xp, q)
         caches = []
-        q, c = attention.forward(params["core"], q)
+        q, c = self.attention.forward(params["core"], q)
         caches.append(c)
         if self.post and q_var is None:
             raise ValueError("post-attention stages read Var[Q]: pass q_var or the atom probabilities")
@@ -97,8 +99,8 @@ class QPipeline:
             dq, g = st.backward(xp, params.get(st.name, {}), c, dq, grads_into=slots)
             if st.name in params:
                 grads[st.name] = g
-        _, grads["core"] = attention.backward(params["core"], out.caches[0], dq,
-                                              grads_into=(grads_into or {}).get("core"))
+        _, grads["core"] = self.attention.backward(params["core"], out.caches[0], dq,
+                                                   grads_into=(grads_into or {}).get("core"))
         return grads
 
     def selects(self, evaluation: bool = False) -> bool:

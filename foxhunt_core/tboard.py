@@ -24,12 +24,19 @@ class Board:
     """A tensorboardX writer that a run feeds its records and evaluations."""
 
     def __init__(self, out_dir: Path | None, enabled: bool) -> None:
-        self.writer: Any = None
-        if out_dir is not None and enabled:
+        # The writer (and its event file) is made at the first event, not here: a run that is
+        # refused while it is built (a damaged checkpoint, say) leaves its directory untouched.
+        self._logdir = str(out_dir) if out_dir is not None and enabled else None
+        self._writer: Any = None
+        self._last: tuple[float, int] | None = None
+
+    @property
+    def writer(self) -> Any:
+        if self._writer is None and self._logdir is not None:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(logdir=str(out_dir), flush_secs=30)
-        self._last: tuple[float, int] | None = None
+            self._writer = SummaryWriter(logdir=self._logdir, flush_secs=30)
+        return self._writer
 
     def _scalar(self, tag: str, value: Any, step: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
@@ -38,7 +45,7 @@ class Board:
 
     def stats(self, record: dict[str, Any]) -> None:
         """One Q-statistics record (keyed by its ``step``) and the interval's update rate."""
-        if self.writer is None:
+        if self._logdir is None:
             return
         step = int(record["step"])
         for key, value in record.items():
@@ -55,7 +62,7 @@ class Board:
         self._last = (now, step)
 
     def evaluation(self, split: str, table: dict[str, dict[str, float]], step: int) -> None:
-        if self.writer is None:
+        if self._logdir is None:
             return
         for policy, row in table.items():
             for metric, value in row.items():
@@ -63,7 +70,7 @@ class Board:
         self.writer.flush()
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
-            self.writer = None
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

@@ -15,7 +15,7 @@ from foxhunt_graph_message import graph
 
 pytestmark = pytest.mark.gpu
 TOL_Q = 2e-6
-TOL_GRAD = 1e-5
+TOL_GRAD = 2e-5  # float32 sums over the batch against the float64 twin (DESIGN.md: fp32 ~1e-5)
 LAYOUTS = [(3, 3, 3, 3), (3, 2, 4, 2)]
 
 
