@@ -11,7 +11,6 @@ diffusion_refine at its defaults), the median µs, replayed from a captured CUDA
   into preallocated slots (as the update writes them into the optimizer's flat gradient buffer);
 - ``update share``: what the plugin adds to one captured update: the forwards at s and at s' and
   the backward at s;
-- ``CuPy array twin``: the same share through the plugin's array path (``use_cuda_kernel: false``);
 
 and the update share as a percentage of the stage-0 update at that batch size (``--stage0-ms``;
 the defaults are the H200 figures of issue 22: 0.507, 1.243, 4.058 ms). The whole update with a
@@ -47,7 +46,6 @@ def _stage(name: str, use_kernel: bool):
 def cases(name: str, B: int) -> dict:
     import cupy as cp
 
-    from foxhunt_core.stages import PostInputs
 
     rng = np.random.default_rng(0)
     A = sum(SIZES)
@@ -80,15 +78,8 @@ def cases(name: str, B: int) -> dict:
         def bwd():
             return C.backward_cuda(q_s, var, dy, params, st.step_scale, dq=dq, grads=slots, workspace=ws)
 
-    twin = _stage(name, False)
-
-    def twin_share():
-        twin.forward(cp, params, PostInputs(q_n, var))
-        _, cache = twin.forward(cp, params, PostInputs(q_s, var))
-        twin.backward(cp, params, cache, dy)
-
     return {"forward": lambda: fwd(q_s), "backward": bwd,
-            "update share": lambda: (fwd(q_s), fwd(q_n), bwd()), "CuPy array twin": twin_share}
+            "update share": lambda: (fwd(q_s), fwd(q_n), bwd())}
 
 
 def main() -> None:
@@ -99,14 +90,14 @@ def main() -> None:
                     help="The stage-0 update's ms at each batch size (default: issue 22's H200 figures).")
     args = ap.parse_args()
     stage0 = dict(zip(args.batches, args.stage0_ms)) if args.stage0_ms else STAGE0_MS
-    print("| plugin | B | forward µs | backward µs | update share µs | % of stage 0 | CuPy array twin µs |")
-    print("|---|---|---|---|---|---|---|")
+    print("| plugin | B | forward µs | backward µs | update share µs | % of stage 0 |")
+    print("|---|---|---|---|---|---|")
     for name in ("graph_message", "diffusion_refine"):
         for B in args.batches:
             t = {k: graph_us(fn, args.repeats) for k, fn in cases(name, B).items()}
             pct = f"{100 * t['update share'] / (1000 * stage0[B]):.2f}" if B in stage0 else "-"
-            print(f"| {name} | {B} | {t['forward']:.1f} | {t['backward']:.1f} | {t['update share']:.1f} | {pct} | "
-                  f"{t['CuPy array twin']:.1f} |", flush=True)
+            print(f"| {name} | {B} | {t['forward']:.1f} | {t['backward']:.1f} | {t['update share']:.1f} | {pct} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

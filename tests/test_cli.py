@@ -1,6 +1,7 @@
 """The foxhunt command line, run as a user runs it (the installed console script)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def foxhunt(*args, check=True):
     exe = shutil.which("foxhunt", path=str(Path(sys.executable).parent))
     cmd = [exe] if exe else [sys.executable, "-m", "foxhunt_core.cli"]
     res = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=600,
-                         env={"OPENBLAS_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "COLUMNS": "200"})
     if check and res.returncode != 0:
         raise AssertionError(f"exit {res.returncode}\nstdout:{res.stdout}\nstderr:{res.stderr}")
     return res

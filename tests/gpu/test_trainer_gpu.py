@@ -37,7 +37,7 @@ def test_gpu_training_runs_and_learns_something(tmp_path, graphs):
     tr.collector.env.check()  # no out-of-range action reached the environment
     assert len(tr.replay) == 64 * (8 + 120)
     table = tr.evaluate("val")
-    assert set(table) == {"policy", "flat", "random", "buy_and_hold"}
+    assert set(table) == {"policy", "flat", "random", "buy_and_hold", "linear", "momentum"}
     assert (tmp_path / "r" / CHECKPOINT).is_file()
     # The update's execution plan, written when the step was built: its batch size and choices.
     plan = json.loads((tmp_path / "r" / GPU_PLAN).read_text())

@@ -31,13 +31,15 @@ BOX = GLU_GEMM_ROWS * 128  # a box of 32 columns x 128 rows: 16 KiB
 def opt_in_smem(fn: Any, smem: int) -> None:
     """Give a compiled kernel ``smem`` bytes of dynamic shared memory (more than 48 KiB needs the
     opt-in; once per compiled kernel)."""
-    opt_in_smem(fn, smem)
+    if id(fn) not in BIG_SMEM:
+        fn.max_dynamic_shared_size_bytes = smem
+        BIG_SMEM.add(id(fn))
 
 
 def glu_gemm_supported(H: int | None = None) -> bool:
     """Whether :func:`glu_gemm` runs on the current device (Hopper's wgmma and TMA: compute
     capability 9.0) and, given ``H``, GLUs of that width (a multiple of its 128-column tile)."""
-    from ..backend import compute_capability
+    from ...backend import compute_capability
 
     return compute_capability() == "90" and (H is None or H % GLU_GEMM_COLS == 0)
 

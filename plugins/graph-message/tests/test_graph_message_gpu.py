@@ -90,7 +90,9 @@ def test_gradients_are_bitwise_reproducible_and_the_stage_uses_the_kernels():
     assert cp.array_equal(dq_in, a[0])
     plain = GraphMessageStage(sizes, use_cuda_kernel=False)
     out2, cache2 = plain.forward(cp, dev, PostInputs(dq_, cp.abs(dq_)))
-    assert not cache2.get("kernel") and _rel(out2, out.get()) < TOL_Q
+    # the array-op path runs its products on cuBLAS, in TF32 where the process enabled it
+    # (backend.select does for a training run): DESIGN.md's TF32 tolerance
+    assert not cache2.get("kernel") and _rel(out2, out.get()) < 1e-3
 
 
 def test_wrappers_check_their_arguments():
