@@ -62,6 +62,8 @@ class CheckpointMeta(BaseModel):
     train_seconds: float = Field(ge=0, description="Training wall time up to the checkpoint.")
     history_records: int = Field(ge=0, description="Q-statistics records in metrics.json at the checkpoint.")
     collector: dict[str, Any] = Field(description="Collector (environment, replay, RNG) state.")
+    selection: dict[str, Any] = Field(description="Model selection on the validation split (foxhunt_core.selection).")
+    market_fingerprint: dict[str, str] = Field(description="sha256 of each data file of a file market (empty: none).")
 
 
 def _first_error(exc: ValidationError, prefix: tuple[str, ...] = ()) -> str:

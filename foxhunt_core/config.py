@@ -26,8 +26,25 @@ class MarketSettings(_Strict):
     start_price: float = Field(100.0, gt=0, description="Initial mid price.")
     ofi_impact: float = Field(0.6, gt=0, description="Price impact per unit of depth-normalized order-flow imbalance, in ticks (Cont-Kukanov-Stoikov linear model).")
     ofi_persistence: float = Field(0.7, ge=0, lt=1, description="AR(1) coefficient of the latent order-flow imbalance.")
-    noise_ticks: float = Field(0.8, ge=0, description="Standard deviation of the non-order-flow mid noise, in ticks.")
+    noise_ticks: float = Field(1.0, ge=0, description="Standard deviation of the non-order-flow mid noise, in ticks.")
     regime_switch_prob: float = Field(0.002, ge=0, le=0.5, description="Per-bar probability of leaving the current regime.")
+    edge_snr: float = Field(0.55, ge=0, le=1.0, description="The synthetic market's edge: standard deviation of the next bar's expected price change given the order-flow state over that of the rest of the change (foxhunt_core.market.synthetic); 0 is a market without edge.")
+    source: Literal["synthetic", "file"] = Field("synthetic", description="Where the bars come from: the synthetic market above or a data file (path, format).")
+    path: str | None = Field(None, description="source file: the OHLCV bar file, or for format l1 the quotes file (CSV or Parquet); in a flag file relative to the flag file.")
+    trades_path: str | None = Field(None, description="source file, format l1: the trades file (relative like path).")
+    format: Literal["ohlcv", "l1"] = Field("ohlcv", description="source file: OHLCV bars, or L1 quotes plus trades resampled to bars of bar_seconds (foxhunt_core.market.loaders).")
+    bar_seconds: float | None = Field(None, gt=0, description="Bar length in seconds: for l1 the resampling bar (default 60); otherwise overrides the interval detected from the timestamps.")
+    bars_per_year: float | None = Field(None, gt=0, description="Bars in a year, the factor of every annualized figure; default: detected from the timestamps (foxhunt_core.market.interval).")
+    half_spread_bps: float | None = Field(None, ge=0, description="source file: the half spread paid by a market order, bps of the mid, replacing the quotes (l1) or the high-low estimate (ohlcv) of foxhunt_core.market.costs.")
+    fee_bps: float | None = Field(None, ge=0, description="source file: fee per unit of notional filled, bps, replacing env.taker_fee_bps and env.maker_fee_bps.")
+
+    @model_validator(mode="after")
+    def _file_source(self) -> MarketSettings:
+        if self.source == "file" and not self.path:
+            raise ValueError("source: file needs path")
+        if self.source == "file" and self.format == "l1" and not self.trades_path:
+            raise ValueError("format: l1 needs trades_path (the trades beside the quotes in path)")
+        return self
 
 
 class EnvSettings(_Strict):
@@ -39,7 +56,7 @@ class EnvSettings(_Strict):
     urgency_bars: tuple[int, int, int] = Field((1, 4, 16), description="How many bars a limit order of each urgency action may wait before it is cancelled.")
     taker_fee_bps: float = Field(0.5, ge=0, description="Fee on market-order notional, basis points.")
     maker_fee_bps: float = Field(-0.1, description="Fee on filled limit-order notional, basis points (negative: rebate).")
-    reward_scale_bps: float = Field(1.0, gt=0, description="Rewards are PnL in basis points of max notional divided by this.")
+    reward_scale_bps: float | None = Field(None, gt=0, description="Rewards are PnL in basis points of max notional divided by this; default (null): the training split's per-bar volatility of the mid in bps, so that rewards are in units of a bar's move on any market (an environment built without a market's scale uses 1).")
     fill_base_rate: float = Field(0.6, ge=0, le=1, description="Limit fill probability scale at touch when trades arrive at the normal rate.")
 
 
@@ -92,10 +109,18 @@ class TrainSettings(_Strict):
     atom_mass_threshold: float = Field(0.1, gt=0, lt=1, description="An atom counts as used in a distribution when its probability is at least this / num_atoms.")
     checkpoint_every: int = Field(1_000, ge=1, description="Updates between checkpoints.")
     checkpoint_minutes: float = Field(5.0, ge=0, description="Minutes of training between checkpoints besides checkpoint_every, whichever comes first, so that a crash loses minutes, not the run (0: by updates only).")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files (tensorboardX) into the run directory: losses, Q-statistics, plugin signals, evaluation metrics, throughput.")
     gpu_collection: bool = Field(True, description="On the GPU, keep market, environment and replay on the device (off: the CPU environment feeds the GPU agent).")
     cuda_graphs: bool = Field(True, description="On the GPU, capture the update as a CUDA graph and replay it (off: launch eagerly).")
     tf32: bool = Field(True, description="On the GPU, let cuBLAS use TF32 tensor cores for float32 GEMMs.")
     gemm_autotune: bool = Field(True, description="On the GPU, time cuBLASLt's candidate algorithms for each GEMM shape once (during the update's warm-up) and keep the fastest, instead of the heuristic's first (about 7% faster at B = 65536). The choice depends on timing; the run directory records it (gemm_tuning.json) and a resumed run reads it back and repeats the same GEMMs. A fresh run starts from the machine's cache of earlier runs' choices (FOXHUNT_CACHE_DIR, default ~/.cache/foxhunt; FOXHUNT_GEMM_CACHE=0 turns it off), so fresh runs on one machine run the same GEMMs and only shapes new to it are timed.")
+
+
+class SelectSettings(_Strict):
+    """Model selection on the validation split (foxhunt_core.selection)."""
+
+    every: int = Field(500, ge=0, description="Updates between evaluations of the greedy policy on the validation split; the best one's parameters are kept and evaluated on test (0: no selection, the last parameters are evaluated).")
+    fallback: Literal["none", "flat"] = Field("none", description="When the best validation return does not beat flat's: none keeps the best policy (the table says no edge was found), flat deploys the flat policy instead.")
 
 
 class RunSettings(_Strict):
@@ -107,3 +132,4 @@ class RunSettings(_Strict):
     env: EnvSettings = Field(default_factory=EnvSettings)
     net: NetSettings = Field(default_factory=NetSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
+    select: SelectSettings = Field(default_factory=SelectSettings)

@@ -28,12 +28,16 @@ Fills and costs (all in fractions of max notional; prices of bar ``t`` unless st
   price traded through it (buy: ``bid_j < L``; sell: ``ask_j > L``), otherwise
   with probability ``1 - exp(-lam)``::
 
-      lam = lam0 * sqrt(count_j / mean_count) * sqrt(min(pressure_j / mean_pressure, 4)) * 0.3**k
+      lam = lam0 * sqrt(count_j / mean_count_j) * sqrt(min(pressure_j / mean_pressure_j, 4)) * 0.3**k
 
   where ``lam0 = -log(1 - fill_base_rate)`` (so that at the normal trade rate and queue
   pressure an order at the touch fills with probability ``fill_base_rate``), ``pressure_j``
   is the opposing trade volume over our side's L1 size (sells over ``bid_size`` for a buy),
-  the means are over the split, and ``k >= 0`` is how many ticks ``L`` sits behind the touch
+  ``mean_count_j`` and ``mean_pressure_j`` are the means of the trade count and of the total
+  queue pressure ``volume / (bid_size + ask_size)`` over the split's bars before ``j``, i.e. up
+  to the bar ``t = j - 1`` the order was placed at (the first bar's own value at ``j = 0``):
+  nothing after ``t`` normalizes the fill (``tests/test_env.py`` perturbs the future and checks
+  the past), and ``k >= 0`` is how many ticks ``L`` sits behind the touch
   of bar ``j`` (a passive order starts at ``k = 1``). A fill executes at ``L`` and earns
   ``d * (mid_j - L) / mid_j - |d| * maker_fee_bps * 1e-4`` (negative when the price ran
   through it: adverse selection). An unfilled order is cancelled after ``urgency_bars[u]``
@@ -43,7 +47,8 @@ Reward
 ------
 ``pnl_t = position * (mid_{t+1} / mid_t - 1) - costs + limit-fill result`` (fraction of max
 notional, the position held at constant notional over the bar, after any market fill at
-``t``); ``reward = 1e4 * pnl_t / reward_scale_bps``.
+``t``); ``reward = 1e4 * pnl_t / reward_scale_bps`` (``reward_scale_bps`` unset: 1 here; a run
+sets it to its training split's per-bar volatility, :func:`foxhunt_core.market.source.load_market`).
 
 Account features written into each observation
 -----------------------------------------------
@@ -104,8 +109,24 @@ State = dict[str, np.ndarray]
 #: The float64 per-bar columns the transition reads (besides the feature matrix), in the
 #: column order of :meth:`MarketArrays.columns`.
 MARKET_COLUMNS: tuple[str, ...] = (
-    "mid", "bid", "ask", "half_spread", "ret", "trade_count", "buy_pressure", "sell_pressure",
+    "mid", "bid", "ask", "half_spread", "ret", "count_rel", "buy_pressure", "sell_pressure",
 )
+
+
+def mean_before(x: np.ndarray) -> np.ndarray:
+    """``out[j]`` = the mean of ``x[0..j-1]`` (``x[0]`` at ``j = 0``): a causal normal level."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    if x.size:
+        out[0] = x[0]
+        out[1:] = np.cumsum(x)[:-1] / np.arange(1, x.size)
+    return out
+
+
+def _level(x: np.ndarray) -> np.ndarray:
+    """A causal mean as a denominator: non-positive levels (no trades yet) count as 1."""
+    m = mean_before(x)
+    return np.where(m > 0, m, 1.0)
 
 
 @dataclass(frozen=True)
@@ -113,8 +134,10 @@ class MarketArrays:
     """What the transition reads of a split: float64 ``[T]`` columns plus split constants.
 
     ``half_spread = (ask - bid) / (2 mid)``; ``ret[t] = mid[t+1] / mid[t] - 1`` (0 at the last
-    bar, which is never stepped from); ``buy_pressure`` / ``sell_pressure`` are the buyer- /
-    seller-initiated volume over the ask / bid L1 size (the queue a sell / buy order waits in).
+    bar, which is never stepped from); ``count_rel`` is the trade count over its mean before the
+    bar; ``buy_pressure`` / ``sell_pressure`` are the buyer- / seller-initiated volume over the ask
+    / bid L1 size (the queue a sell / buy order waits in), over the mean total queue pressure
+    before the bar (the module docstring's fill intensity).
     """
 
     features: np.ndarray
@@ -123,30 +146,24 @@ class MarketArrays:
     ask: np.ndarray
     half_spread: np.ndarray
     ret: np.ndarray
-    trade_count: np.ndarray
+    count_rel: np.ndarray
     buy_pressure: np.ndarray
     sell_pressure: np.ndarray
     tick: float
-    mean_count: float
-    mean_pressure: float
 
     @classmethod
     def from_split(cls, split: MarketData) -> MarketArrays:
         vol, signed = split.trade_volume, split.signed_volume
         ret = np.zeros(len(split))
         ret[:-1] = split.mid[1:] / split.mid[:-1] - 1.0
-        mean_count = float(np.mean(split.trade_count))
-        press = vol / np.maximum(split.bid_size + split.ask_size, 1e-9)
-        mean_press = float(np.mean(press))
+        press = _level(vol / np.maximum(split.bid_size + split.ask_size, 1e-9))
         return cls(
             features=split.features, mid=split.mid, bid=split.bid, ask=split.ask,
             half_spread=(split.ask - split.bid) / (2.0 * split.mid), ret=ret,
-            trade_count=split.trade_count,
-            buy_pressure=0.5 * (vol + signed) / np.maximum(split.ask_size, 1e-9),
-            sell_pressure=0.5 * (vol - signed) / np.maximum(split.bid_size, 1e-9),
+            count_rel=split.trade_count / _level(split.trade_count),
+            buy_pressure=0.5 * (vol + signed) / np.maximum(split.ask_size, 1e-9) / press,
+            sell_pressure=0.5 * (vol - signed) / np.maximum(split.bid_size, 1e-9) / press,
             tick=split.tick_size,
-            mean_count=mean_count if mean_count > 0 else 1.0,
-            mean_pressure=mean_press if mean_press > 0 else 1.0,
         )
 
     def columns(self) -> np.ndarray:
@@ -181,7 +198,7 @@ class EnvParams:
             taker=settings.taker_fee_bps * 1e-4,
             maker=settings.maker_fee_bps * 1e-4,
             lam0=float(np.inf if rate >= 1.0 else -np.log1p(-rate)),
-            reward_scale_bps=float(settings.reward_scale_bps),
+            reward_scale_bps=1.0 if settings.reward_scale_bps is None else float(settings.reward_scale_bps),
             episode_len=int(episode_len),
             num_starts=1 if sequential else int(data_len - episode_len),
         )
@@ -291,8 +308,8 @@ def transition(
     half_tick = 0.5 * tick
     through = np.where(o_buy, bid_j < price - half_tick, ask_j > price + half_tick)
     k = np.maximum(np.rint(np.where(o_buy, bid_j - price, price - ask_j) / tick), 0.0)
-    press = np.where(o_buy, market.sell_pressure[j], market.buy_pressure[j]) / market.mean_pressure
-    rate = np.sqrt(market.trade_count[j] / market.mean_count) * np.sqrt(np.minimum(press, PRESSURE_CAP))
+    press = np.where(o_buy, market.sell_pressure[j], market.buy_pressure[j])
+    rate = np.sqrt(market.count_rel[j]) * np.sqrt(np.minimum(press, PRESSURE_CAP))
     with np.errstate(invalid="ignore"):  # inf * 0 when fill_base_rate is 1 and no trades
         lam = params.lam0 * rate * PASSIVE_DECAY**k
         prob = np.where(np.isnan(lam), 0.0, -np.expm1(-lam))

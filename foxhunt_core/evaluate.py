@@ -5,12 +5,16 @@ net PnL (fractions of max notional, after all costs) to the metrics the health g
 
 * ``total_return`` — the sum of per-bar PnL;
 * ``sharpe`` — ``mean / std * sqrt(periods_per_year)`` of per-bar PnL (population std;
-  0 when the std is 0); ``periods_per_year`` defaults to 98_280 one-minute bars
-  (252 trading days of 390 minutes);
+  0 when the std is 0);
+* ``volatility`` — ``std * sqrt(periods_per_year)``, the annualized volatility of per-bar PnL;
 * ``max_drawdown`` — the largest fall of the cumulative PnL curve (starting at 0) from its
   running peak, a positive fraction of max notional;
-* ``turnover`` — the mean ``|position change|`` per bar;
+* ``turnover`` — the mean ``|position change|`` per bar times ``periods_per_year``: notional
+  traded in a year, in units of max notional;
 * ``bars`` — the number of bars stepped (``len(split) - 1``).
+
+``periods_per_year`` is the market's bars per year (:mod:`foxhunt_core.market.interval`):
+detected from a file's timestamps, stated by the synthetic market.
 
 A policy is any callable ``obs float32[N, 50] -> actions int[N, 4]`` (see
 :mod:`foxhunt_core.env` for the action layout).
@@ -28,19 +32,16 @@ from foxhunt_core.market.data import MarketData
 from foxhunt_core.market.schema import INDEX
 
 Policy = Callable[[np.ndarray], np.ndarray]
-PERIODS_PER_YEAR = 98_280
+METRICS = ("total_return", "sharpe", "volatility", "max_drawdown", "turnover")
 
 
-def pnl_metrics(
-    pnl: np.ndarray, turnover: np.ndarray, periods_per_year: float = PERIODS_PER_YEAR
-) -> dict[str, float]:
+def pnl_metrics(pnl: np.ndarray, turnover: np.ndarray, *, periods_per_year: float) -> dict[str, float]:
     """The metrics of a per-bar PnL series and per-bar |position change| (module docstring)."""
     pnl = np.asarray(pnl, dtype=np.float64)
     turnover = np.asarray(turnover, dtype=np.float64)
     bars = int(pnl.shape[0])
     if bars == 0:
-        return {"total_return": 0.0, "sharpe": 0.0, "max_drawdown": 0.0, "turnover": 0.0,
-                "bars": 0}
+        return {**dict.fromkeys(METRICS, 0.0), "bars": 0}
     std = float(pnl.std())
     sharpe = float(pnl.mean() / std * np.sqrt(periods_per_year)) if std > 0 else 0.0
     curve = np.concatenate([[0.0], np.cumsum(pnl)])
@@ -48,8 +49,9 @@ def pnl_metrics(
     return {
         "total_return": float(pnl.sum()),
         "sharpe": sharpe,
+        "volatility": std * float(np.sqrt(periods_per_year)),
         "max_drawdown": drawdown,
-        "turnover": float(turnover.mean()),
+        "turnover": float(turnover.mean()) * float(periods_per_year),
         "bars": bars,
     }
 
@@ -60,7 +62,7 @@ def evaluate(
     policy: Policy,
     rng: np.random.Generator,
     *,
-    periods_per_year: float = PERIODS_PER_YEAR,
+    periods_per_year: float,
 ) -> dict[str, float]:
     """Run ``policy`` once over ``split`` (first bar to last) and return its metrics.
 
@@ -75,7 +77,7 @@ def evaluate(
         obs, _, _, _, info = env.step(np.asarray(policy(obs)))
         pnl[i] = info["pnl_bps"][0] * 1e-4
         turnover[i] = info["turnover"][0]
-    return pnl_metrics(pnl, turnover, periods_per_year)
+    return pnl_metrics(pnl, turnover, periods_per_year=periods_per_year)
 
 
 def _constant(action: tuple[int, int, int, int]) -> Policy:

@@ -207,11 +207,14 @@ def _semantic_problems(ff: Any, doc: YamlDoc, path: str, registry: Registry) -> 
     return out
 
 
-def parse_flags(text: str, path: str = "<flags>", registry: Registry | None = None) -> Flags:
+def parse_flags(text: str, path: str = "<flags>", registry: Registry | None = None,
+                base: Path | None = None) -> Flags:
     """Validate flag-file text against the installed plugins; raises :class:`FlagError`.
 
     Without ``registry`` the plugins are discovered (honouring ``FOXHUNT_PLUGINS`` and the
     file's ``load:`` list); a broken plugin raises :class:`~foxhunt_core.plugins.PluginError`.
+    With ``base``, relative data paths of ``run.market`` are taken relative to it (the flag
+    file's directory) and come back absolute in ``settings``.
     """
     try:
         doc = read_yaml(text)
@@ -228,9 +231,14 @@ def parse_flags(text: str, path: str = "<flags>", registry: Registry | None = No
         registry = discover(flt)
         registry.check()
     model = flag_model(registry)
-    written = validation.scalar_problems(model, doc.data) + validation.non_finite_problems(doc.data)
+    data = doc.data
+    if base is not None and isinstance(data.get("run"), dict):
+        from .market.source import resolve_paths
+
+        data = {**data, "run": resolve_paths(data["run"], base)}
+    written = validation.scalar_problems(model, data) + validation.non_finite_problems(data)
     try:
-        ff = model.model_validate(doc.data)
+        ff = model.model_validate(data)
     except ValidationError as exc:
         said = dict(written)  # where a written value is of the wrong type, that is the better message
         errors = [e for e in exc.errors()  # a model's own check that failed on a value refused here
@@ -270,7 +278,7 @@ def load_flags(path: str | Path, registry: Registry | None = None) -> Flags:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise FlagError([_problem(str(p), line, (), f"not UTF-8 text (byte {exc.start}: {exc.reason})")]) from None
-    return parse_flags(text, str(p), registry)
+    return parse_flags(text, str(p), registry, base=p.resolve().parent)
 
 
 # ----------------------------------------------------------------------------- tools

@@ -7,8 +7,12 @@ A run directory holds::
                       updates and every train.checkpoint_minutes; see foxhunt_core.checkpoint
     metrics.json      Q-statistics and training scalars every stats interval (atomic)
     log.jsonl         structlog JSON event log
-    eval.json         evaluation table on the held-out (test) split (atomic)
+    eval.json         evaluation table on the held-out (test) split (atomic), for the parameters
+                      selected on the validation split (foxhunt_core.selection)
+    events.out.tfevents.*  TensorBoard event files (foxhunt_core.tboard; train.tensorboard)
     .foxhunt.lock     the flock of the process writing the directory (foxhunt_core.runlock)
+    gpu_plan.json     on the GPU: the execution plan of the update, every kernel choice and why
+                      (foxhunt_core.net.fused.record; `foxhunt train --explain` prints the same)
     gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
                       beside each checkpoint); a run started in this directory again (resume)
                       reads it back before its first GEMM, so it repeats the same algorithms.
@@ -41,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from . import __version__, backend, checkpoint_meta
-from .agent import Agent
+from .agent import Agent, tree_copy
+from .baselines import FittedBaselines, fit_baselines
 from .checkpoint import (
     CheckpointError,
     atomic_write_text,
@@ -56,14 +61,17 @@ from .evaluate import baseline_policies, evaluate
 from .explore import LiquidTau, annealed_tau, iqn_readiness
 from .hookspecs import RunContext
 from .logs import RunLog, Stopwatch, jsonable
-from .market import simulate, split_by_time
+from .market.source import check_fingerprint, load_market
 from .plugins import PluginSet
 from .qpipe import branch_argmax
+from .selection import Selection
 from .signals import Signals
+from .tboard import Board
 
 CHECKPOINT = "checkpoint.safetensors"
 GEMM_TUNING = "gemm_tuning.json"
-EVAL_COLUMNS = ("total_return", "sharpe", "max_drawdown", "turnover")
+EVAL_COLUMNS = ("total_return", "sharpe", "volatility", "max_drawdown", "turnover")
+GPU_PLAN = "gpu_plan.json"
 
 
 class Trainer:
@@ -84,6 +92,7 @@ class Trainer:
         self.options = options or {}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.flags_text, self.flags_sha256 = flags_text, flags_sha256
+        self.source = load_market(settings)  # bars, splits, interval, costs; read before anything is written
         self.xp, self.device = backend.select(settings.device, settings.train.tf32, settings.train.gemm_autotune)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,23 +102,27 @@ class Trainer:
         ss = np.random.SeedSequence(settings.seed)
         g_init, g_env, g_replay, g_explore = (np.random.Generator(np.random.PCG64(s)) for s in ss.spawn(4))
 
-        m = settings.market
-        self.market = simulate(m)
-        self.splits = split_by_time(self.market, m.train_fraction, m.val_fraction)
+        self.market, self.splits = self.source.data, self.source.splits
+        acting = settings.model_copy(update={"env": self.source.env})  # with the market's costs
         self.agent = Agent(settings, self.plugins, self.xp, g_init, options=self.options)
+        self._record_plan()
         nb = self.agent.num_branches
         t = settings.train
+        self.selection = Selection(settings.select.every if len(self.splits.val) >= 2 else 0,
+                                   settings.select.fallback)
+        self.board = Board(self.out_dir, t.tensorboard)
+        self._baselines: FittedBaselines | None = None
         self.stream: Any = None
         if self.device == "cuda" and t.gpu_collection:
             import cupy
 
             self.stream = cupy.cuda.Stream(non_blocking=True)  # collection and updates, in order
             with self.stream:
-                self.collector: Any = DeviceCollector(self.agent, self.splits.train, settings, settings.seed,
+                self.collector: Any = DeviceCollector(self.agent, self.splits.train, acting, settings.seed,
                                                       use_graph=t.cuda_graphs)
             self.collector.stream = self.stream
         else:
-            self.collector = HostCollector(self.agent, self.splits.train, settings,
+            self.collector = HostCollector(self.agent, self.splits.train, acting,
                                            {"env": g_env, "replay": g_replay, "explore": g_explore})
         self.liquid = LiquidTau(nb, t.liquid_init, t.liquid_tau_min, t.liquid_tau_max, t.liquid_dt)
         self.ctx = RunContext(
@@ -124,6 +137,20 @@ class Trainer:
         self.steady_updates_per_second: float | None = None  # of the last train() call (see there)
         self.graphed: Any = None
         self._clock: Stopwatch | None = None  # while train() runs
+
+    def _record_plan(self) -> None:
+        """The GPU step's execution plan into the run directory, and each plugin stage on its slow
+        path said once in the log."""
+        plan = self.agent.plan
+        if plan is None:
+            return
+        from .net.fused.record import to_dict
+
+        if self.out_dir is not None:
+            atomic_write_text(self.out_dir / GPU_PLAN, json.dumps(jsonable(to_dict(plan)), indent=1))
+        for st in plan.stages:
+            if st.path == "slow":
+                self.log.event("slow_path", hook=st.hook, stage=st.name, why=st.why)
 
     @property
     def env_steps(self) -> int:
@@ -141,10 +168,10 @@ class Trainer:
         tau = annealed_tau(self.step, t.steps, t.tau, t.tau_min, t.tau_decay_fraction)
         self.collector.set_exploration(tau * self.liquid.mod, iqn_readiness(self.step, t.steps, t.iqn_ramp_fraction))
 
-    def _act(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions for observations on the host (evaluation)."""
+    def _act(self, obs: np.ndarray, params: Any = None) -> np.ndarray:
+        """Greedy actions for observations on the host (evaluation), of ``params`` (default: online)."""
         xp = self.xp
-        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), 1.0, evaluation=True)
+        values = self.agent.act_values(xp.asarray(obs, dtype=xp.float32), 1.0, params, evaluation=True)
         return backend.to_numpy(branch_argmax(values, self.agent.offsets))
 
     # ------------------------------------------------------------------ training
@@ -161,6 +188,7 @@ class Trainer:
         self._clock, last_save = clock, 0.0
         start_step = self.step
         steady_from: tuple[float, int] | None = None  # (clock, step) once the first update is done
+        select_s = 0.0
         with self.stream if self.stream is not None else contextlib.nullcontext():
             while len(self.replay) < min(t.warmup_steps, t.replay_capacity):
                 self.collector.collect(random=True)
@@ -180,14 +208,18 @@ class Trainer:
                 if self.step % t.stats_every == 0:
                     self._interval(scalars, self.agent.statistics(out, q))
                     self._exploration()
+                if self.selection.due(self.step):
+                    select_s += self._select()
                 due = t.checkpoint_minutes > 0 and clock.seconds() - last_save >= 60.0 * t.checkpoint_minutes
                 if (self.step % t.checkpoint_every == 0 or due) and self.step < until:
                     self.save()
                     last_save = clock.seconds()
                 if progress is not None:
                     progress(self.step, until)
+            if self.selection.active and self.step > start_step and not self.selection.due(self.step):
+                select_s += self._select()  # the final parameters are candidates too
             self._synchronize()
-        seconds = clock.seconds()
+        seconds = clock.seconds() - select_s  # training time: validation evaluations left out
         self.train_seconds += seconds
         self._clock = None
         done = self.step - start_step
@@ -248,24 +280,57 @@ class Trainer:
         record["iqn_readiness"] = ctx.iqn_readiness
         ctx.signals.write_into(record)
         self.history.append(record)
+        self.board.stats(record)
         self.log.event("q_stats", **record)
         if not np.isfinite([v for v in record.values() if isinstance(v, float)]).all():
             self.log.event("non_finite", step=self.step)
 
     # ------------------------------------------------------------------ evaluation
     def policy(self) -> Callable[[np.ndarray], np.ndarray]:
-        return self._act
+        """The deployed policy: the parameters selected on validation (foxhunt_core.selection),
+        flat when selection found no edge and ``select.fallback`` is flat, else the last ones."""
+        if self.selection.deploys_flat:
+            return baseline_policies(np.random.default_rng(0))["flat"]
+        best = self.selection.params
+        return self._act if best is None else (lambda obs: self._act(obs, best))
+
+    def _evaluate_policy(self, data: Any, pol: Callable) -> dict[str, float]:
+        res = evaluate(data, self.source.env, pol, np.random.default_rng(self.settings.seed + 2),
+                       periods_per_year=self.source.interval.bars_per_year)
+        return {k: float(v) for k, v in res.items()}
+
+    def _select(self) -> float:
+        """Evaluate the current parameters on the validation split; keep them when best.
+        Returns the seconds it took (they do not count as training time)."""
+        clock = Stopwatch()
+        metrics = self._evaluate_policy(self.splits.val, self._act)
+        kept = self.selection.offer(self.step, metrics, lambda: tree_copy(self.agent.online))
+        self.board.evaluation("val", {"policy": metrics}, self.step)
+        self.log.event("selection", step=self.step, val_return=metrics["total_return"], kept=kept)
+        return clock.seconds()
+
+    def baselines(self) -> FittedBaselines:
+        """``linear`` (fitted on train) and ``momentum`` (lookback chosen on validation), once."""
+        if self._baselines is None:
+            s = self.splits
+            self._baselines = fit_baselines(s.train, s.val, self.source.env, s.scaler, self.settings.seed + 2)
+        return self._baselines
 
     def evaluate(self, split: str = "test") -> dict[str, dict[str, float]]:
-        """Greedy policy and the baselines on a held-out split (fresh, seeded RNG per policy)."""
+        """The deployed policy and the baselines on a split (fresh, seeded RNG per policy)."""
         data = getattr(self.splits, split)
-        table: dict[str, dict[str, float]] = {}
         pols: dict[str, Callable] = {"policy": self.policy()}
         pols.update(baseline_policies(np.random.default_rng(self.settings.seed + 1)))
-        for name, pol in pols.items():
-            res = evaluate(data, self.settings.env, pol, np.random.default_rng(self.settings.seed + 2))
-            table[name] = {k: float(v) for k, v in res.items()}
+        pols.update(self.baselines().policies)
+        table = {name: self._evaluate_policy(data, pol) for name, pol in pols.items()}
+        self.board.evaluation(split, table, self.step)
         return table
+
+    def evaluation_notes(self) -> dict[str, Any]:
+        """What an evaluation table needs beside its rows: market, interval, costs, selection."""
+        return {"market": self.source.describe(), "interval": self.source.interval.to_dict(),
+                "costs": self.source.costs, "selection": self.selection.report(),
+                "baselines": self.baselines().info()}
 
     # ------------------------------------------------------------------ checkpoints
     def _meta(self) -> dict[str, Any]:
@@ -284,6 +349,8 @@ class Trainer:
             # this train() call's time so far included, so that a resumed run's rate is right
             "train_seconds": self.train_seconds + (self._clock.seconds() if self._clock is not None else 0.0),
             "history_records": len(self.history),
+            "selection": self.selection.state(),
+            "market_fingerprint": self.source.fingerprint,
         }
 
     def save(self) -> Path | None:
@@ -296,6 +363,8 @@ class Trainer:
         tensors.update(flatten("target", self.agent.target))
         tensors.update(flatten("adam.m", self.agent.opt.m))
         tensors.update(flatten("adam.v", self.agent.opt.v))
+        if self.selection.params is not None:
+            tensors.update(flatten("best", self.selection.params))
         path = self.out_dir / CHECKPOINT
         # the history first: a crash between the two writes leaves records the checkpoint does not
         # count yet (load drops them), never a checkpoint whose history is missing
@@ -382,6 +451,10 @@ class Trainer:
         if meta["plugins"] != self.plugins.names:
             raise CheckpointError(f"{path}: checkpoint plugins {meta['plugins']} differ from {self.plugins.names}")
         self._check_layout(tensors, meta, path)
+        try:
+            check_fingerprint(meta.get("market_fingerprint"), self.settings, str(path))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
         for prefix, tree in (("online", self.agent.online), ("target", self.agent.target),
                              ("adam.m", self.agent.opt.m), ("adam.v", self.agent.opt.v)):
             saved = unflatten(prefix, tensors)
@@ -406,6 +479,9 @@ class Trainer:
         self.first_raw_q_mean = meta["first_raw_q_mean"]
         self.train_seconds = float(meta["train_seconds"])
         self.history = checkpoint_meta.read_history(path.parent, self.step, meta["history_records"], path, history)
+        best = unflatten("best", tensors)
+        self.selection.load(meta.get("selection"), {o: {k: self.xp.asarray(v) for k, v in sub.items()}
+                                                    for o, sub in best.items()} if best else None)
         self.log.event("resumed", step=self.step, path=str(path))
 
     def _check_layout(self, tensors: dict[str, np.ndarray], meta: dict[str, Any], path: Path) -> None:
@@ -415,6 +491,8 @@ class Trainer:
         for prefix, tree in (("online", self.agent.online), ("target", self.agent.target),
                              ("adam.m", self.agent.opt.m), ("adam.v", self.agent.opt.v)):
             expected.update(flatten(prefix, tree))
+        if any(k.startswith("best/") for k in tensors):  # the parameters selected on validation
+            expected.update(flatten("best", self.agent.online))
         size = meta["collector"].get("replay", {}).get("size") if isinstance(meta["collector"], dict) else None
         if not isinstance(size, int) or not 0 <= size <= self.settings.train.replay_capacity:
             raise CheckpointError(f"{path}: metadata: collector.replay.size {size!r} is not a fill level of a "

@@ -181,6 +181,8 @@ def bound_problems(s: RunSettings) -> list[Problem]:
             v = _get(s, loc)
         except AttributeError:  # a setting another version does not have
             continue
+        if v is None:  # an optional setting left unset (e.g. env.reward_scale_bps: from the data)
+            continue
         if isinstance(v, float) and not math.isfinite(v):
             continue  # refused as non-finite where it is written
         if lo is not None and v < lo:
@@ -349,13 +351,14 @@ def split_problem(n_bars: int, train_fraction: float, val_fraction: float, episo
 
 def data_problems(s: RunSettings) -> list[Problem]:
     """Build the run's market and check that it can be split, trained on and evaluated."""
-    from .market import simulate
+    from .market.source import load_market
 
     m = s.market
     try:
-        bars = len(simulate(m))
-    except ValueError as exc:
-        return [(("market",), " ".join(str(exc).split()))]
+        bars = len(load_market(s).data)
+    except ValueError as exc:  # DataError included: the file's own problem, named by the loader
+        where = ("market", "path") if m.source == "file" else ("market",)
+        return [(where, " ".join(str(exc).split()))]
     why = split_problem(bars, m.train_fraction, m.val_fraction, s.env.episode_len)
     if why is None:
         return []

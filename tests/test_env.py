@@ -9,6 +9,7 @@ from foxhunt_core.config import EnvSettings, MarketSettings
 from foxhunt_core.env import TradingEnv
 from foxhunt_core.market.data import MarketData
 from foxhunt_core.market.schema import INDEX, STATE_DIM
+from foxhunt_core.market.source import bar_volatility_bps
 from foxhunt_core.market.splits import synthetic_splits
 
 TICK = 0.01
@@ -206,4 +207,65 @@ def test_reward_scale_of_a_full_position(train_split):
     r = np.diff(train_split.mid) / train_split.mid[:-1]
     # after the entry, the reward is the bar return in bp: its std is the per-bar volatility
     assert np.std(rewards[1:]) == pytest.approx(1e4 * np.std(r[1:]), rel=1e-4)
-    assert 0.5 < np.std(rewards[1:]) < 5.0
+    # a run scales rewards by its training split's bar volatility: a full position's rewards
+    # are then in units of a bar's move on any market
+    scale = bar_volatility_bps(train_split)
+    env = TradingEnv.sequential(train_split, EnvSettings(reward_scale_bps=scale), np.random.default_rng(0))
+    env.reset()
+    scaled = [env.step(_act(2))[1][0] for _ in range(len(train_split) - 1)]
+    assert np.std(scaled[1:]) == pytest.approx(1.0, rel=0.01)
+
+
+# ---------------------------------------------------------------------- no look-ahead in the fills
+_FILL_INPUTS = ("trade_volume", "trade_count", "signed_volume", "bid_size", "ask_size")
+
+
+def _future_changed(split, t, rng):
+    """A copy of ``split`` whose trade and book inputs after bar ``t`` are randomly rescaled."""
+    changes = {}
+    for name in _FILL_INPUTS:
+        arr = getattr(split, name).copy()
+        arr[t + 1:] *= rng.uniform(0.2, 5.0, size=arr.shape[0] - t - 1)
+        changes[name] = arr
+    changes["signed_volume"] = np.clip(changes["signed_volume"], -changes["trade_volume"], changes["trade_volume"])
+    return split.replace(**changes)
+
+
+@pytest.mark.parametrize("t", [0, 1, 9, 100, 1000])
+def test_fill_normalization_uses_no_data_after_t(train_split, t):
+    """The fill intensity of an order placed at bar t and checked at t+1 reads the trade count
+    and queue pressure of t+1 over their means up to t: rescaling everything after t+1 changes
+    nothing at or before t+1 (bit for bit), like the features' look-ahead test."""
+    from foxhunt_core.env import MarketArrays
+
+    base = MarketArrays.from_split(train_split)
+    moved = MarketArrays.from_split(_future_changed(train_split, t + 1, np.random.default_rng(t)))
+    for col in ("count_rel", "buy_pressure", "sell_pressure"):
+        np.testing.assert_array_equal(getattr(moved, col)[: t + 2], getattr(base, col)[: t + 2])
+        assert not np.array_equal(getattr(moved, col)[t + 2:], getattr(base, col)[t + 2:])
+    # the normalizer of bar j is the mean of bars before j, by hand
+    j = t + 1
+    count = train_split.trade_count
+    assert base.count_rel[j] == pytest.approx(count[j] / count[:j].mean())
+    press = train_split.trade_volume / (train_split.bid_size + train_split.ask_size)
+    sells = 0.5 * (train_split.trade_volume[j] - train_split.signed_volume[j]) / train_split.bid_size[j]
+    assert base.sell_pressure[j] == pytest.approx(sells / press[:j].mean())
+
+
+def test_limit_fills_of_a_walk_do_not_depend_on_later_bars(train_split):
+    """Walk a split with limit orders; change the bars after t: every step up to t is identical."""
+    t = 600
+    changed = _future_changed(train_split, t + 1, np.random.default_rng(1))
+
+    def walk(split):
+        env = TradingEnv.sequential(split, EnvSettings(), np.random.default_rng(3))
+        env.reset()
+        rng = np.random.default_rng(4)
+        out = []
+        for _ in range(t + 1):
+            a = np.array([[rng.integers(0, 3), rng.integers(0, 3), rng.integers(1, 3), rng.integers(0, 3)]])
+            _, reward, _, _, info = env.step(a)
+            out.append((float(reward[0]), float(info["position"][0])))
+        return out
+
+    assert walk(train_split) == walk(changed)

@@ -31,6 +31,7 @@ from foxhunt_core import backend
 from foxhunt_core.config import EnvSettings
 from foxhunt_core.env import (
     HOLDING_SCALE_BARS,
+    MARKET_COLUMNS,
     PASSIVE_DECAY,
     PRESSURE_CAP,
     STATE_FIELDS,
@@ -134,8 +135,7 @@ class GpuTradingEnv:
         m = self.market
         self._features = cp.asarray(np.ascontiguousarray(m.features, dtype=np.float32))
         self._columns = {c: cp.asarray(np.ascontiguousarray(getattr(m, c), dtype=np.float64))
-                         for c in ("mid", "bid", "ask", "half_spread", "ret", "trade_count",
-                                   "buy_pressure", "sell_pressure")}
+                         for c in MARKET_COLUMNS}
         self._sizes = cp.asarray(self.params.sizes, dtype=cp.float64)
         self._urgency = cp.asarray(self.params.urgency, dtype=cp.int32)
         n = self.num_envs
@@ -155,7 +155,7 @@ class GpuTradingEnv:
         p = self.params
         self._consts = (
             self._features, *self._columns.values(),
-            np.float64(m.tick), np.float64(m.mean_count), np.float64(m.mean_pressure),
+            np.float64(m.tick),
             self._sizes, self._urgency, np.float64(p.taker), np.float64(p.maker),
             np.float64(p.lam0), np.float64(p.reward_scale_bps), np.int32(p.episode_len),
             np.int32(p.num_starts), np.float64(PASSIVE_DECAY), np.float64(PRESSURE_CAP),

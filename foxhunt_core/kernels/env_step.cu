@@ -113,9 +113,10 @@ extern "C" __global__ void __launch_bounds__(ENV_BLOCK) env_step(
     const float* __restrict__ features,
     const double* __restrict__ mid, const double* __restrict__ bid, const double* __restrict__ ask,
     const double* __restrict__ half_spread, const double* __restrict__ ret,
-    const double* __restrict__ trade_count, const double* __restrict__ buy_pressure,
+    // count_rel and the pressures are already over their causal means (env.py MarketArrays)
+    const double* __restrict__ count_rel, const double* __restrict__ buy_pressure,
     const double* __restrict__ sell_pressure,
-    double tick, double mean_count, double mean_pressure,
+    double tick,
     // EnvParams and the module constants of env.py
     const double* __restrict__ sizes, const int* __restrict__ urgency,   // [3] each
     double taker, double maker, double lam0, double reward_scale_bps, int episode_len,
@@ -205,8 +206,8 @@ extern "C" __global__ void __launch_bounds__(ENV_BLOCK) env_step(
         const double half_tick = __dmul_rn(0.5, tick);
         const bool through = o_buy ? bid_j < o_price - half_tick : ask_j > o_price + half_tick;
         const double k = fmax(rint((o_buy ? bid_j - o_price : o_price - ask_j) / tick), 0.0);
-        const double press = (o_buy ? sell_pressure[j] : buy_pressure[j]) / mean_pressure;
-        const double rate = __dmul_rn(sqrt(trade_count[j] / mean_count), sqrt(fmin(press, pressure_cap)));
+        const double press = o_buy ? sell_pressure[j] : buy_pressure[j];
+        const double rate = __dmul_rn(sqrt(count_rel[j]), sqrt(fmin(press, pressure_cap)));
         const double lam = __dmul_rn(__dmul_rn(lam0, rate), pow(passive_decay, k));
         const double prob = isnan(lam) ? 0.0 : -expm1(-lam);  // inf * 0 when the rate is 1 and no trades
         const bool filled = lim && (through || u_fill < prob);

@@ -24,36 +24,33 @@ imbalance *leads* the flow. The flow realized over bar ``t``, in shares, is::
 where ``depth_t = (bid_size_t + ask_size_t) / 2`` is the recorded L1 depth (below).
 
 **Price.** Linear OFI impact normalized by L1 depth (Cont, Kukanov and Stoikov 2014,
-``dP = beta * OFI / depth``) plus regime-scaled noise, on a latent efficient price::
+``dP = beta * OFI / depth``), of which market makers price in, one bar ahead, all but a share
+``alpha`` of the flow they can forecast, plus regime-scaled noise, on a latent efficient
+price::
 
-    P*_t = P*_{t-1} + beta * n_t + noise_ticks * sn_k * zeta_t            (ticks)
+    P*_t = P*_{t-1} + beta * (n_t - (1 - alpha) f_{t-1}) + noise_ticks * sn_k * zeta_t     (ticks)
 
-with ``beta = ofi_impact``. The quoted mid is ``P*`` rounded to the tick grid when the spread
-``S_t`` (whole ticks) is even and to the half-tick grid when it is odd, so that
+with ``beta = ofi_impact`` and ``f_{t-1} = E_{t-1}[x_t] = phi x_{t-1} + (1 - phi) mu_k +
+sf_k sqrt(lam) nu_{t-1}``, the flow expected from the flow's persistence and from what the book
+shows of the next innovation (below). The quoted mid is ``P*`` rounded to the tick grid when
+the spread ``S_t`` (whole ticks) is even and to the half-tick grid when it is odd, so that
 ``bid = mid - S/2`` and ``ask = mid + S/2`` are on the tick grid.
 
-**Spread.** ``S_t = 1 + Poisson(spread_k + 0.15 |x_t|)`` ticks, redrawn with probability
-``SPREAD_REDRAW`` per bar (and at every regime change), otherwise kept: spreads are sticky and
-wider in the volatile regime.
+**The edge** is the part of the next bar's price change that this predicts,
+``beta * alpha * f_t``. ``edge_snr`` sets it: in the calm regime the standard deviation of
+``beta * alpha * f_t`` over that of the rest of the change,
+``sqrt(beta^2 (1 - lam + s_eta^2) + noise_ticks^2)``, is ``edge_snr``, which fixes ``alpha``
+(:func:`price_alpha`). ``edge_snr = 0`` is a market whose price is a martingale; the book and
+the flow still behave as below. The default, 0.55, is a forecastable share of the bar's
+variance of 23 % (``snr^2 / (1 + snr^2)``, ``alpha`` 0.93); since a bar moves about as much as
+the spread, a least-squares forecast that trades only when it beats the cost seldom trades and
+earns an annualized Sharpe ratio of 1-3 on the test split (README,
+``tests/market/test_market_synthetic.py``).
 
-**Depth.** The mean L1 size mean-reverts in logs::
-
-    log D_t = rho * log D_{t-1} + (1 - rho) * log Dbar_k + sd * xi_t
-
-and is tilted by the expected next flow: ``I_t = tanh(kappa * E_t[x_{t+1}] + s_I * omega_t)``,
-``bid_size = D_t (1 + 0.8 I_t)``, ``ask_size = D_t (1 - 0.8 I_t)`` (rounded, at least 1), where
-``E_t[x_{t+1}] = phi x_t + (1 - phi) mu_k + sf_k sqrt(lam) nu_t``.
-
-**Trades.** ``N_t ~ Poisson(rate_k * (1 + 0.25 |n_t|))`` trades per bar; each is a buy with
-probability ``sigmoid(gamma * n_t)`` (trade signs follow the flow); buy and sell volumes are
-Gamma-distributed sums of exponential trade sizes of mean ``TRADE_SIZE``.
-
-**The learnable edge.** Because the flow is persistent, ``E_t[P*_{t+1} - P*_t] =
-beta * E_t[x_{t+1}]``: the OFI at ``t``, its EMAs, the trade signs and the depth imbalance at
-``t`` all predict the next bar's return. With the default settings (tick 1 bp at price 100,
-beta 0.6, phi 0.7, noise 0.8 ticks) the rule "hold sign(ofi_ema_fast) with market orders" earns
-clearly more than its costs (half spread + 0.5 bp fee per unit traded) while random trading
-loses; the calibration is pinned by ``tests/market/test_market_synthetic.py``.
+**The bar.** One hour of a 7-hour session (13:00-20:00 UTC) on weekdays from 1990-01-01:
+:data:`BAR`, 1 826 bars a year. The scale is that of a thinly traded instrument: with the default
+``noise_ticks`` (1 tick of 1 bp) a bar moves about 1.3 ticks, as much as its spread (1-2 ticks),
+so what an order pays matters as much as what it forecasts.
 """
 
 from __future__ import annotations
@@ -63,6 +60,7 @@ import numpy as np
 from foxhunt_core.config import MarketSettings
 from foxhunt_core.market.data import MarketData
 from foxhunt_core.market.features import compute_features
+from foxhunt_core.market.interval import BarInterval
 
 CALM, TREND_UP, TREND_DOWN, VOLATILE = 0, 1, 2, 3
 REGIME_NAMES: tuple[str, ...] = ("calm", "trend_up", "trend_down", "volatile")
@@ -82,8 +80,28 @@ DEPTH_PERSIST, DEPTH_VOL = 0.95, 0.12  # rho, sd
 SPREAD_REDRAW = 0.3
 TRADE_SIZE = 5.0
 TRADE_SIGN_GAIN = 1.0  # gamma
-BAR_NS = 60_000_000_000  # one-minute bars
-T0_NS = 1_704_153_600_000_000_000  # 2024-01-02T00:00:00Z
+BAR_NS = 3_600_000_000_000  # one-hour bars
+SESSION_BARS, SESSION_OPEN_H = 7, 13  # a 7-hour session, 13:00-20:00 UTC, on weekdays
+T0_NS = 631_152_000_000_000_000  # 1990-01-01T00:00:00Z, a Monday
+BAR = BarInterval(seconds=3600.0, bars_per_year=SESSION_BARS * 5 * 365.25 / 7, source="synthetic")
+
+
+def timestamps(t_len: int) -> np.ndarray:
+    """Close times of ``t_len`` hourly session bars of weekdays from :data:`T0_NS` (int64 ns)."""
+    i = np.arange(t_len, dtype=np.int64)
+    day, hour = np.divmod(i, SESSION_BARS)
+    week, weekday = np.divmod(day, 5)
+    return T0_NS + ((week * 7 + weekday) * 24 + SESSION_OPEN_H + hour + 1) * BAR_NS
+
+
+def price_alpha(settings: MarketSettings) -> float:
+    """The share ``alpha`` of the forecastable flow left in the price for ``edge_snr``
+    (module docstring): ``beta alpha std(f) = snr * std(rest)`` in the calm regime, where
+    ``std(f)^2 = phi^2 / (1 - phi^2) + lam`` (the innovation of ``x`` has unit variance)."""
+    phi, beta = settings.ofi_persistence, settings.ofi_impact
+    f_std = np.sqrt(phi**2 / (1.0 - phi**2) + BOOK_LEAD)
+    rest = np.sqrt(beta**2 * (1.0 - BOOK_LEAD + OFI_NOISE**2) + settings.noise_ticks**2)
+    return float(settings.edge_snr * rest / (beta * f_std))
 
 
 def _regimes(rng: np.random.Generator, t_len: int, p: float) -> np.ndarray:
@@ -130,9 +148,14 @@ def simulate(settings: MarketSettings) -> MarketData:
     x = _ar1(innov, phi, 0.0)
     n = x + OFI_NOISE * rng.standard_normal(t_len)
 
+    # the flow expected one bar ahead (persistence and the book's lead), of which market makers
+    # price in all but the share alpha
+    expected_next = phi * x + (1.0 - phi) * FLOW_DRIFT[k] + FLOW_VOL[k] * np.sqrt(BOOK_LEAD) * nu
+    priced = np.zeros(t_len)
+    priced[1:] = (1.0 - price_alpha(settings)) * expected_next[:-1]
     # efficient price in ticks, spread, quoted mid
     p_star = settings.start_price / settings.tick_size + np.cumsum(
-        beta * n + settings.noise_ticks * NOISE_MULT[k] * rng.standard_normal(t_len)
+        beta * (n - priced) + settings.noise_ticks * NOISE_MULT[k] * rng.standard_normal(t_len)
     )
     extra = rng.poisson(SPREAD_EXTRA[k] + 0.15 * np.abs(x))
     regime_change = np.concatenate([[True], regime[1:] != regime[:-1]])
@@ -149,7 +172,6 @@ def simulate(settings: MarketSettings) -> MarketData:
         np.log(DEPTH_MEAN[CALM]),
     )
     depth = np.exp(log_depth)
-    expected_next = phi * x + (1.0 - phi) * FLOW_DRIFT[k] + FLOW_VOL[k] * np.sqrt(BOOK_LEAD) * nu
     tilt = np.tanh(BOOK_GAIN * expected_next + BOOK_NOISE * rng.standard_normal(t_len))
     bid_size = np.maximum(np.round(depth * (1.0 + 0.8 * tilt)), 1.0)
     ask_size = np.maximum(np.round(depth * (1.0 - 0.8 * tilt)), 1.0)
@@ -162,7 +184,7 @@ def simulate(settings: MarketSettings) -> MarketData:
 
     tick = settings.tick_size
     data = MarketData(
-        timestamp=T0_NS + BAR_NS * np.arange(1, t_len + 1, dtype=np.int64),
+        timestamp=timestamps(t_len),
         mid=mid_ticks * tick,
         bid=(mid_ticks - spread / 2) * tick,
         ask=(mid_ticks + spread / 2) * tick,

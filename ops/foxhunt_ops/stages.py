@@ -9,7 +9,9 @@ apply); its problems are reported with its own lines.
 The plan's ``run:`` block is then deep-merged into the stage's ``run:`` block (the plan wins),
 and the merged text is validated again: that text — written to ``<rollout>/flags/<id>.yaml`` —
 is what trials run, and its sha256 is what the ledger records. Without a ``run:`` block the
-source file is run unchanged (same hash).
+source file is run unchanged (same hash), unless it names a data file by a relative path: the
+generated file lives in the rollout directory, so relative ``run.market`` paths are made
+absolute first (against the plan file for the plan's block, the flag file for its own).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import yaml
 
 from foxhunt_core import validation
 from foxhunt_core.flags import FlagError, load_flags, parse_flags, stage_text
+from foxhunt_core.market.source import resolve_paths
 from foxhunt_core.plugins import PluginError, discover
 
 from .plan import Gate, Plan, PlanError, problem
@@ -93,7 +96,7 @@ def resolve_stages(plan: Plan) -> list[ResolvedStage]:
         raise PlanError(str(exc).splitlines()) from None
     order = registry.rollout_order()
     installed = ", ".join(p.name for p in registry.ordered()) or "none"
-    run = plan.spec.run
+    run = resolve_paths(plan.spec.run, plan.base_dir)
     out: list[ResolvedStage] = []
     for i, st in enumerate(plan.spec.stages):
         loc = ("stages", i)
@@ -129,9 +132,11 @@ def resolve_stages(plan: Plan) -> list[ResolvedStage]:
                 continue
             n, sid = f.stage, st.id or f"stage-{f.stage}"
             source, source_sha = st.flags, f.sha256
-            if run:
-                data = yaml.safe_load(f.text)
-                data["run"] = deep_merge(data.get("run") or {}, run)
+            data = yaml.safe_load(f.text)
+            own = data.get("run") or {}
+            fixed = resolve_paths(own, fpath.parent)
+            if run or fixed != own:
+                data["run"] = deep_merge(fixed, run)
                 text = _header(plan, sid, st.flags) + yaml.safe_dump(data, sort_keys=False)
             else:
                 text = f.text

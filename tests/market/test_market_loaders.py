@@ -80,8 +80,26 @@ def test_corwin_schultz_spread():
     hl = np.log(101 / 99)
     alpha = (np.sqrt(4 * hl**2) - np.sqrt(2 * hl**2)) / k - np.sqrt(hl**2 / k)
     assert s[0] == 0.0
-    assert s[1] == pytest.approx(max(2 * (np.exp(alpha) - 1) / (1 + np.exp(alpha)), 0.0))
-    assert (_corwin_schultz(np.array([10.0, 11, 12]), np.array([9.0, 10, 11])) >= 0).all()
+    assert s[1] == pytest.approx(2 * (np.exp(alpha) - 1) / (1 + np.exp(alpha)))
+    # a steady trend: gamma (the two-bar range) dominates, the two-bar estimates are negative and
+    # are kept for the window average (setting them to 0 first would bias the spread up)
+    trend = _corwin_schultz(np.array([10.0, 11, 12]), np.array([9.0, 10, 11]))
+    assert (trend[1:] < 0).all()
+
+
+def test_ohlcv_spread_is_the_floored_window_average(tmp_path):
+    # a trend (negative estimates) then wide flat bars (positive ones): the average of both
+    rows = [(1_700_000_000 + 60 * i, 100 + i, 100.5 + i, 99.5 + i, 100 + i, 10) for i in range(6)]
+    rows += [(1_700_000_000 + 60 * (6 + i), 106.0, 107.0, 105.0, 106.0, 10) for i in range(6)]
+    d = load_ohlcv(_write_csv(tmp_path / "bars.csv", OHLCV, rows))
+    h = np.array([r[2] for r in rows])
+    lo = np.array([r[3] for r in rows])
+    c = np.array([r[4] for r in rows])
+    cs = _corwin_schultz(h, lo)
+    window = np.minimum(np.arange(1, len(rows) + 1), 20)
+    expect = np.maximum(np.maximum(np.cumsum(cs) / window, 0.0) * c, d.tick_size)
+    np.testing.assert_allclose(d.ask - d.bid, expect, rtol=1e-12)
+    assert (cs[1:6] < 0).all() and d.ask[5] - d.bid[5] == pytest.approx(d.tick_size)
 
 
 def _assert_one_line(err, *parts):

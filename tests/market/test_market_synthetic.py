@@ -9,7 +9,7 @@ from foxhunt_core.config import EnvSettings, MarketSettings
 from foxhunt_core.evaluate import baseline_policies, evaluate, ofi_sign_policy
 from foxhunt_core.market.schema import INDEX
 from foxhunt_core.market.splits import split_by_time
-from foxhunt_core.market.synthetic import VOLATILE, simulate
+from foxhunt_core.market.synthetic import BAR, VOLATILE, simulate
 
 
 @pytest.fixture(scope="module")
@@ -58,45 +58,67 @@ def test_ofi_moves_the_price(market):
 
 
 def test_features_at_t_predict_the_next_return(market):
-    r_next = np.diff(np.log(market.mid))
-    for name in ("ofi_ema_fast", "ofi", "l1_depth_imbalance", "signed_volume_8"):
-        f = market.features[:-1, INDEX[name]].astype(np.float64)
-        assert np.corrcoef(f, r_next)[0, 1] > 0.1, name
+    """At the default edge the order-flow features at t correlate with the next return (about
+    0.35); with edge_snr 0 they do not (the price is a martingale): the edge is the setting, not
+    an accident of the simulator."""
+    names = ("ofi_ema_fast", "ofi", "l1_depth_imbalance", "microprice_dev")
+    none = simulate(MarketSettings(seed=7, edge_snr=0.0))
+    for data, low, high in ((market, 0.25, 0.45), (none, -0.012, 0.012)):
+        r_next = np.diff(np.log(data.mid))
+        for name in names:
+            f = data.features[:-1, INDEX[name]].astype(np.float64)
+            assert low < np.corrcoef(f, r_next)[0, 1] < high, (name, data.source)
 
 
-def _vector_backtest(data, pos, start):
-    """Market-order backtest with the env's costs: half spread + 0.5 bp per unit traded."""
-    half = (data.ask - data.bid) / (2 * data.mid)
-    r = data.mid[start + 1:] / data.mid[start:-1] - 1
-    p = pos[start:-1]
-    dp = np.abs(np.diff(np.concatenate([[0.0], p])))
-    gross = p * r
-    return gross.sum(), (gross - dp * (half[start:-1] + 0.5e-4)).sum()
+def test_edge_snr_sets_the_forecastable_share():
+    """The realized SNR of the model's own one-bar forecast matches the setting (calm regime)."""
+    from foxhunt_core.market import synthetic as syn
+
+    for snr in (0.05, 0.1, 0.2):
+        s = MarketSettings(seed=3, edge_snr=snr, regime_switch_prob=0.0)
+        alpha = syn.price_alpha(s)
+        rest = np.sqrt(s.ofi_impact**2 * (1 - syn.BOOK_LEAD + syn.OFI_NOISE**2) + s.noise_ticks**2)
+        f_std = np.sqrt(s.ofi_persistence**2 / (1 - s.ofi_persistence**2) + syn.BOOK_LEAD)
+        assert s.ofi_impact * alpha * f_std / rest == pytest.approx(snr)
+    assert syn.price_alpha(MarketSettings()) < 1  # the default leaves a share of the forecast unpriced
 
 
-@pytest.mark.parametrize("seed", [7, 0, 1, 2])
-def test_ofi_rule_beats_costs_and_random_loses(seed):
-    data = simulate(MarketSettings(seed=seed))
-    start = int(0.8 * len(data))  # the default test split
-    rule = np.sign(data.features[:, INDEX["ofi_ema_fast"]].astype(np.float64))
-    gross, net = _vector_backtest(data, rule, start)
-    assert net > 0.04  # of max notional over the 12k test bars
-    assert net < 0.6 * gross  # costs take a real share of the edge
-    # trading the raw one-bar OFI sign at every bar: an edge before costs, a loss after
-    raw = np.sign(data.features[:, INDEX["ofi"]].astype(np.float64))
-    gross_raw, net_raw = _vector_backtest(data, raw, start)
-    assert gross_raw > 0 > net_raw
-    rng = np.random.default_rng(seed)
-    rand = rng.choice([-1.0, 0.0, 1.0], size=len(data)) * rng.choice([0.25, 0.5, 1.0], len(data))
-    assert _vector_backtest(data, rand, start)[1] < 0
-
-
-def test_calibration_through_the_environment():
+def test_ofi_rule_and_random_through_the_environment():
     s = MarketSettings(seed=7, bars=20_000)
     splits = split_by_time(simulate(s), s.train_fraction, s.val_fraction)
     env = EnvSettings()
-    rule = evaluate(splits.test, env, ofi_sign_policy(), np.random.default_rng(0))
+    p = BAR.bars_per_year
+    rule = evaluate(splits.test, env, ofi_sign_policy(), np.random.default_rng(0), periods_per_year=p)
     rand = evaluate(splits.test, env, baseline_policies(np.random.default_rng(1))["random"],
-                    np.random.default_rng(0))
-    assert rule["total_return"] > 0.02 and rule["sharpe"] > 5
-    assert rand["total_return"] < 0
+                    np.random.default_rng(0), periods_per_year=p)
+    assert rand["total_return"] < rule["total_return"]
+    assert rand["total_return"] < 0 and rand["sharpe"] < 0
+
+
+def test_linear_baseline_sharpe_is_realistic_at_the_default():
+    """The calibration the issue asks for: at the default edge the linear forecast with its cost
+    filter earns an annualized Sharpe ratio between 1 and 3 on the test split of market seeds 7
+    (the default) and 0; with no edge it earns nothing."""
+    from foxhunt_core.baselines import fit_linear, linear_policy
+
+    env = EnvSettings()
+    default = MarketSettings().edge_snr
+    for seed, snr, low, high in ((7, default, 1.0, 3.0), (0, default, 1.0, 3.0), (7, 0.0, -np.inf, 0.5)):
+        s = MarketSettings(seed=seed, edge_snr=snr)
+        splits = split_by_time(simulate(s), s.train_fraction, s.val_fraction)
+        pol = linear_policy(fit_linear(splits.train, env))
+        m = evaluate(splits.test, env, pol, np.random.default_rng(0), periods_per_year=BAR.bars_per_year)
+        assert low < m["sharpe"] < high, (seed, snr, m)
+
+
+def test_timestamps_are_weekday_hours_and_detected_as_the_stated_bar(market):
+    from foxhunt_core.market.interval import detect_interval
+
+    opens = market.timestamp - 3_600 * 10**9  # a timestamp is the bar's close
+    days = (opens // (86_400 * 10**9) + 3) % 7  # 0 is Monday
+    assert days.max() <= 4 and set(np.unique(days)) == {0, 1, 2, 3, 4}
+    hours = (opens // (3_600 * 10**9)) % 24
+    assert set(np.unique(hours)) == set(range(13, 20))
+    got = detect_interval(market.timestamp)
+    assert got.seconds == BAR.seconds
+    assert got.bars_per_year == pytest.approx(BAR.bars_per_year, rel=0.01)

@@ -142,3 +142,25 @@ def test_init_from_and_the_plan_wide_no_data_policy_reach_every_stage():
     assert (policy[0]["finite"], policy[0]["value_bias"], policy[0]["eval_return"]) == ("fail", "ignore", "ignore")
     assert policy[1]["value_bias"] == "fail" and policy[1]["atom_utilization"] == "ignore"
     assert {g.name for g in plan.stage_gates[0]} == {d["name"] for d in DEFAULT_GATES}
+
+
+def test_a_data_file_named_relative_to_the_plan_or_flag_file_resolves_for_the_trials(tmp_path: Path):
+    """Trials run generated flag files in the rollout directory: relative data paths must not
+    move with them (the plan's run: block against the plan, a flag file's against the flag file)."""
+    data = ROOT / "tests" / "data" / "sp500_daily_2011_2018.csv"
+    (tmp_path / "flags").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bars.csv").write_bytes(data.read_bytes())
+    (tmp_path / "flags" / "own.yaml").write_text(
+        "version: 1\nstage: 0\nrun:\n  market: {source: file, path: ../data/bars.csv}\nplugins: {}\n")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(HEAD + "stages:\n  - flags: flags/own.yaml\n  - {stage: 0, id: by-plan}\n"
+                    "run:\n  market: {source: file, path: data/bars.csv}\n")
+    stages = resolve_stages(load_plan(plan))
+    want = str((tmp_path / "data" / "bars.csv").resolve())
+    for s in stages:
+        assert f"path: {want}" in s.flags_text, s.flags_text
+    # without the plan's block the flag file's own relative path is rewritten as well
+    plan.write_text(HEAD + "stages:\n  - flags: flags/own.yaml\n")
+    (only,) = resolve_stages(load_plan(plan))
+    assert f"path: {want}" in only.flags_text
