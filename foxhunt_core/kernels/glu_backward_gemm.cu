@@ -21,15 +21,14 @@
 // gradients in place there, and a storer warp sends them over pv by TMA. The buffer goes in four
 // parts (a gate box and its value box), each with its barriers (loaded, gradients written, stored),
 // so that the next tile's pre-activations come in while this tile's gradients go out: the kernel is
-// bound by memory (pv in, its gradient out), and a single buffer (one barrier pair) left the
-// memory idle during each epilogue (347 against 367 us for cuBLAS's GEMM and glu_backward over
-// 65536 rows of the joint branches). Built on tc_gemm.cuh (the ring, the schedule without
+// bound by memory (pv in, its gradient out), and a single buffer (one barrier pair) would leave the
+// memory idle during each epilogue (BENCHMARKS.md, "where the time goes"). Built on tc_gemm.cuh (the ring, the schedule without
 // clusters, consume_tile). What it saves is dh's write and read.
 //
 // With GB_NQ > 0, the tiles of branch `dq_set` also take dq [M, GB_NQ] += dpv_set Wq^T (Wq [GB_NQ, 2H]:
 // the weights by which the layer's input columns that carry the direction branch's Q reach this
 // branch's [gate | value] pre-activations): the pre-activation gradients are in registers here, and
-// a separate product read them back from memory (56.5 us over 65536 rows). Each thread adds its
+// a separate product would read them back from memory. Each thread adds its
 // elements' share in FP32 (no TF32 rounding), the four lanes of a row's quad add theirs, and one
 // lane adds the tile's sum to dq with an atomic add. With at most two column tiles per branch
 // (H <= 256) and dq zeroed first, the sum is exact to the order: 0 + a + b = 0 + b + a.
@@ -135,8 +134,8 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
     // epilogue each need 4 GB_NQ weights (gate and value, two columns, per dq column), the same for
     // the lanes of one q; lane (g, q) holds those of steps 2 g and 2 g + 1 and the others take them
     // by shuffles. Loaded when the tile's column tile changes (with a grid that is a multiple of the
-    // column tiles, once): loads from global memory in the epilogue waited behind the kernel's own
-    // traffic (as written first, 81 us more over 65536 rows instead of the product's 57).
+    // column tiles, once): loads from global memory in the epilogue would wait behind the kernel's
+    // own traffic.
     float wl[8 * GB_NQ];
     int w_tile = -1;
 #endif
@@ -203,9 +202,8 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
             if (lane == 0) mbar_arrive_cluster(ready + 8 * x, 0);
 #if GB_NQ > 0
             // The part's share of dq once its gradients are on their way out: the kernel is bound by
-            // each part's round of load, epilogue and store, which dq's arithmetic inside the
-            // epilogue lengthened (over 65536 rows of three branches: 344.7 us there, 339.0 here,
-            // 305.0 without dq; the separate product took 58).
+            // each part's round of load, epilogue and store, and dq's arithmetic inside the epilogue
+            // would lengthen that round; here it overlaps the store.
             if (with_q)
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {

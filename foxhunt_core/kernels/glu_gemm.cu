@@ -26,10 +26,9 @@
 // products, so of GW_STAGES stages GW_STAGES - 2 are being loaded while the tensor cores work; with
 // three the main loop waited for its loads (a tile is only eight or nine chunks deep). A fourth
 // stage (48 KiB) fits beside a staging buffer of two of h's four boxes, used in turn, one box per
-// hand-off to the TMA unit. Over 131072 rows of the joint branches: the main loop alone 395 us (as
-// measured in an earlier round) -> 305 (benchmarks/glu_gemm_variants.py), the whole kernel with
-// pv 673 -> 599, and 570 with pv through the staging buffer by TMA too (GW_PV_TMA) rather than
-// from the registers.
+// hand-off to the TMA unit. pv can leave through the staging buffer by TMA too (GW_PV_TMA) rather
+// than from the registers; benchmarks/glu_gemm_variants.py times the variants, and the wrapper
+// (foxhunt_core/gpu/tc/glu.py, GluConfig.pv_tma) picks it where pv's pitch and address allow.
 //
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_gemm): the tensor maps
 // describe u [M, K], wt [blocks 2H, K], h [M, blocks width] and, with GW_PV_TMA, pv [pv_rows,

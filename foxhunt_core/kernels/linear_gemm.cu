@@ -92,8 +92,8 @@ __device__ __forceinline__ void drelu_start(float* acc, unsigned obuf, const flo
 // The consumer warps, the producer warp and the dueling warps: 512 threads, 128 registers each
 // (the consumers' products need 106; with 8 dueling warps ptxas allots 96). setmaxnreg would not
 // help: ptxas allots every warp's code the launch's count.
-// 1: the distributions out through the staging buffer (StagedDists; 393.6 against 440.6 us for
-// the online pair's heads at 65536), where its registers fit (24 values per lane spill).
+// 1: the distributions out through the staging buffer (StagedDists, faster than stores from the
+// registers), where its registers fit (24 values per lane spill).
 #ifndef LG_DUELING_STAGED
 #define LG_DUELING_STAGED (MAX_BRANCH_SIZE * DG_ATOMS <= 21)
 #endif
