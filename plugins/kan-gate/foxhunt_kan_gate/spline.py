@@ -21,7 +21,9 @@ derivative with respect to the input is 0 (defect 3). All functions take the arr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -73,6 +75,33 @@ def piece_slopes(xp: Any, t: Array) -> tuple[Array, Array, Array, Array]:
     t2 = t * t
     u = 1 - t
     return -u * u / 2, (3 * t2 - 4 * t) / 2, (-3 * t2 + 2 * t + 1) / 2, t2 / 2
+
+
+# The pieces as cubics in t, row p = (P_p's coefficients of 1, t, t^2, t^3): the same four
+# polynomials as :func:`pieces`, in the power basis that the twin evaluates by Horner's rule.
+PIECE_POWERS = np.array([[1.0, -3.0, 3.0, -1.0],
+                         [4.0, 0.0, -6.0, 3.0],
+                         [1.0, 3.0, 3.0, -3.0],
+                         [0.0, 0.0, 0.0, 1.0]]) / 6
+
+
+@lru_cache(maxsize=32)
+def power_map(grid: Grid) -> np.ndarray:
+    """The linear map from a unit's K coefficients to its spline on each interval as a cubic in
+    ``t``: ``[K, G + 1, 4]``, so that on interval ``s`` the spline is ``sum_q (c @ M)[s, q] t^q``.
+    Slot ``G`` is the last interval's cubic continued past ``hi`` (re-expanded about ``t = 1``), so
+    that ``u = (x - lo) / h`` lands in slot ``floor(u)`` at ``t = u - floor(u)`` for every clamped
+    ``x``, ``x = hi`` included, with no clamp of the slot. The transpose maps per-slot moments
+    ``sum md t^q`` back to coefficient gradients."""
+    g = grid.intervals
+    m = np.zeros((grid.num_bases, g + 1, PIECES))
+    for s in range(g):
+        m[s : s + PIECES, s, :] = PIECE_POWERS
+    # p(1 + t) = sum_j t^j sum_q C(q, j) a_q
+    shift = np.array([[math.comb(q, j) for j in range(PIECES)] for q in range(PIECES)], dtype=float)
+    m[:, g, :] = m[:, g - 1, :] @ shift
+    m.setflags(write=False)
+    return m
 
 
 @dataclass

@@ -16,6 +16,7 @@ from foxhunt_kan_gate.spline import (
     locate,
     piece_slopes,
     pieces,
+    power_map,
 )
 from kan_plan_versions import PLAN_SIGMOID_COEFFS, plan_basis, plan_piece_slopes
 
@@ -115,6 +116,31 @@ def test_locate_puts_the_upper_end_in_the_last_interval():
     np.testing.assert_allclose(loc.t, [0.0, 1.0, 1.0, 0.0, 0.5])
     assert loc.inside.tolist() == [True, True, False, False, True]
     assert grid.step == pytest.approx(8 / 5)
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+def test_power_map_is_the_basis_as_cubics_and_continues_the_last_one(grid):
+    """Each interval's cubic in t from :func:`power_map` is the dense basis's spline there, and
+    slot G is the last interval's cubic continued past hi: p_G(t) = p_{G-1}(1 + t)."""
+    rng = np.random.default_rng(5)
+    m = power_map(grid)
+    g = grid.intervals
+    assert m.shape == (grid.num_bases, g + 1, 4)
+    c = rng.normal(size=grid.num_bases)
+    cubics = np.einsum("k,ksq->sq", c, m)  # [G + 1, 4] power coefficients
+    x = np.concatenate([_grid_points(grid, 501), rng.uniform(grid.lo, grid.hi, 500)])
+    loc = locate(np, x, grid)
+    value = (cubics[loc.span] * loc.t[:, None] ** np.arange(4)).sum(-1)
+    np.testing.assert_allclose(value, basis_matrix(np, x, grid) @ c, rtol=0, atol=1e-12 * np.abs(c).sum())
+    tt = np.linspace(-1.0, 0.2, 25)
+    beyond = (cubics[g] * tt[:, None] ** np.arange(4)).sum(-1)
+    last = (cubics[g - 1] * (1 + tt)[:, None] ** np.arange(4)).sum(-1)
+    np.testing.assert_allclose(beyond, last, rtol=0, atol=1e-12 * np.abs(c).sum())
+    # at t = 0 slot G holds the spline's value at hi, and its t-slope the one-sided slope there
+    at_hi = basis_matrix(np, np.array([grid.hi]), grid) @ c
+    slope_hi = basis_slope_matrix(np, np.array([grid.hi]), grid) @ c * grid.step
+    np.testing.assert_allclose([cubics[g, 0], cubics[g, 1]], [at_hi[0], slope_hi[0]],
+                               rtol=0, atol=1e-12 * np.abs(c).sum())
 
 
 @pytest.mark.parametrize(("lo", "hi", "k", "msg"), [(1.0, 1.0, 8, "must be above"), (2.0, -2.0, 8, "must be above"),
