@@ -76,7 +76,8 @@ def build_stages(plugins: PluginSet, settings: RunSettings, xp: Any, options: di
     def many(hook: str) -> list[Any]:
         res = plugins.ordered(hook, ctx=ctx)
         st.owners[hook] = [n for n, _ in res]
-        return [s for _, s in res]
+        # A branch-input plugin may answer with a tuple of stages (different columns per branch).
+        return [s for _, r in res for s in (r if isinstance(r, tuple) else (r,))]
 
     st.gate = one("gate_activation")
     st.branch_inputs = many("branch_inputs")
