@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from foxhunt_core.market import schema
@@ -17,8 +19,9 @@ def _check_names(names: tuple[str, ...]) -> tuple[str, ...]:
                          "(or disable tlob_inject)")
     for n in names:
         if n not in schema.INDEX:
-            raise ValueError(f"unknown feature {n!r}: foxhunt_core.market.schema has "
-                             f"{', '.join(schema.FEATURE_NAMES)}")
+            near = difflib.get_close_matches(n, schema.FEATURE_NAMES, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"unknown feature {n!r} ({hint}the names are foxhunt_core.market.schema.FEATURE_NAMES)")
     seen: set[str] = set()
     for n in names:
         if n in seen:
