@@ -79,7 +79,8 @@ def build_stages(plugins: PluginSet, settings: RunSettings, xp: Any, options: di
         return [s for _, s in res]
 
     st.gate = one("gate_activation")
-    st.branch_inputs = many("branch_inputs")
+    # A branch-input plugin may answer with a tuple of stages (other columns for other branches).
+    st.branch_inputs = [s for r in many("branch_inputs") for s in (r if isinstance(r, tuple) else (r,))]
     st.pre = many("pre_attention")
     st.post = many("post_attention")
     st.select = one("action_select")

@@ -128,10 +128,12 @@ def action_select(ctx: BuildContext) -> ActionSelectStage | None:
 
 
 @hookspec
-def branch_inputs(ctx: BuildContext) -> BranchInputStage | None:
-    """Return a stage that widens some branches' inputs with columns from the observation.
+def branch_inputs(ctx: BuildContext) -> BranchInputStage | tuple[BranchInputStage, ...] | None:
+    """Return a stage (or a tuple of stages, e.g. other columns for other branches) that widens
+    some branches' inputs with columns from the observation.
 
-    The engine widens those branches' GLU layers accordingly. Used by: TLOB / OFI injection.
+    The engine widens those branches' GLU layers accordingly; a stage whose ``zero_init_rows`` is
+    true gets the rows that read its columns initialised at zero. Used by: TLOB / OFI injection.
     """
 
 

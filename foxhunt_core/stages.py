@@ -78,7 +78,12 @@ class GateActivation(Protocol):
 
 @runtime_checkable
 class BranchInputStage(Protocol):
-    """Widens the input of some branches with extra columns computed from the observation."""
+    """Widens the input of some branches with extra columns computed from the observation.
+
+    An optional attribute ``zero_init_rows`` (read with ``getattr``, default false): when true, the
+    core initialises the GLU weight rows that read this stage's columns at zero and draws the other
+    rows as it would without the stage, so the network's function at init is the one without it.
+    """
 
     name: str
     branches: tuple[int, ...]

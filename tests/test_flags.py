@@ -165,9 +165,13 @@ def test_stage_command(tmp_path):
     assert res.exit_code == 0 and load_flags(tmp_path / "s1.yaml").enabled == ["q_mean_center"]
     reg = discover()
     order = reg.rollout_order()
-    gap = next(i for i, n in enumerate(order) if n not in reg.plugins)  # the first position not installed
-    res = CliRunner().invoke(app, ["flags", "stage", str(gap + 1)])
-    assert res.exit_code == 2 and f"stage {gap + 1} needs {order[gap]}, not installed" in res.stderr
+    gap = next((i for i, n in enumerate(order) if n not in reg.plugins), None)  # the first position not installed
+    if gap is None:  # every documented position installed: the stage past the last is the error
+        res = CliRunner().invoke(app, ["flags", "stage", str(len(order) + 1)])
+        assert res.exit_code == 2 and f"stage: must be between 0 and {len(order)}" in res.stderr
+    else:
+        res = CliRunner().invoke(app, ["flags", "stage", str(gap + 1)])
+        assert res.exit_code == 2 and f"stage {gap + 1} needs {order[gap]}, not installed" in res.stderr
     assert len(res.stderr.splitlines()) == 1
 
 

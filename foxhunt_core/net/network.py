@@ -76,6 +76,13 @@ def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float) ->
     return rng.uniform(-lim, lim, size=(fan_in, fan_out))
 
 
+def _rows_glorot(rng: np.random.Generator, drawn: np.ndarray, fan_out: int, gain: float) -> np.ndarray:
+    """Glorot-uniform rows where ``drawn`` is true (fan-in: their count), zero rows elsewhere."""
+    w = np.zeros((drawn.size, fan_out))
+    w[drawn] = _glorot(rng, int(drawn.sum()), fan_out, gain)
+    return w
+
+
 def _he(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float) -> np.ndarray:
     return rng.normal(0.0, gain * np.sqrt(2.0 / fan_in), size=(fan_in, fan_out))
 
@@ -113,6 +120,18 @@ class BranchingC51:
         ]
 
     # ------------------------------------------------------------------ parameters
+    def drawn_rows(self, d: int) -> np.ndarray:
+        """Mask over branch ``d``'s GLU input rows: false where a branch-input stage with
+        ``zero_init_rows`` owns the row (initialised at zero), true where it is drawn at random."""
+        drawn = np.ones(self.in_width[d], dtype=bool)
+        col = self.in_width[d] - self.extra_width[d]
+        for st in self.branch_inputs:
+            if d in st.branches:
+                if getattr(st, "zero_init_rows", False):
+                    drawn[col : col + st.width] = False
+                col += st.width
+        return drawn
+
     def init_params(self, rng: np.random.Generator, dtype: Any = np.float32) -> ParamTree:
         """A fresh parameter tree: ``{"core": ..., <gate plugin>: ..., <branch-input plugin>: ...}``."""
         s, g = self.settings, self.settings.init_scale
@@ -128,10 +147,10 @@ class BranchingC51:
             "value.b": np.zeros(s.num_atoms),
         }
         for d, n in enumerate(self.sizes):
-            k = self.in_width[d]
-            core[f"branch{d}.w_gate"] = _glorot(rng, k, s.adv_h, g)
+            drawn = self.drawn_rows(d)
+            core[f"branch{d}.w_gate"] = _rows_glorot(rng, drawn, s.adv_h, g)
             core[f"branch{d}.b_gate"] = np.zeros(s.adv_h)
-            core[f"branch{d}.w_val"] = _glorot(rng, k, s.adv_h, g)
+            core[f"branch{d}.w_val"] = _rows_glorot(rng, drawn, s.adv_h, g)
             core[f"branch{d}.b_val"] = np.zeros(s.adv_h)
             core[f"branch{d}.w_out"] = _glorot(rng, s.adv_h, n * s.num_atoms, 0.1 * g)
             core[f"branch{d}.b_out"] = np.zeros(n * s.num_atoms)

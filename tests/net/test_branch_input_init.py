@@ -1,0 +1,70 @@
+"""Branch-input stages at init: rows drawn at random unless the stage asks for zero rows, and a
+hook that answers with a tuple of stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from foxhunt_core.agent import build_stages
+from foxhunt_core.config import NetSettings, RunSettings
+from foxhunt_core.hookspecs import hookimpl
+from foxhunt_core.net import BranchingC51
+from foxhunt_core.plugins import LoadedPlugin, PluginSet
+from hook_plugins import OfiColumnStage
+
+NET = NetSettings(shared_h1=12, shared_h2=10, adv_h=8, num_atoms=7, v_min=-2.0, v_max=2.0)
+
+
+@dataclass(frozen=True)
+class ZeroRows:
+    """Two columns of the observation for ``branches``, read by rows that start at zero."""
+
+    branches: tuple[int, ...]
+    name: str = "zero_rows"
+    width: int = 2
+    zero_init_rows: bool = True
+
+    def init_params(self, rng):
+        return {}
+
+    def forward(self, xp, params, obs):
+        return obs[:, :2], None
+
+    def backward(self, xp, params, cache, dcols):
+        return {}
+
+
+def test_rows_are_drawn_unless_the_stage_asks_for_zero_rows():
+    plain = BranchingC51(NET).init_params(np.random.default_rng(4), np.float64)["core"]
+    mixed = BranchingC51(NET, branch_inputs=[OfiColumnStage(), ZeroRows((1, 2))])
+    tree = mixed.init_params(np.random.default_rng(4), np.float64)["core"]
+    assert [list(mixed.drawn_rows(d)).count(False) for d in range(4)] == [0, 2, 2, 0]
+    for d in range(4):
+        for k in (f"branch{d}.w_gate", f"branch{d}.w_val"):
+            w, drawn = tree[k], mixed.drawn_rows(d)
+            assert w.shape[0] == mixed.in_width[d]
+            assert not w[~drawn].any() and (w[drawn] != 0).all(), k
+    only_zero = BranchingC51(NET, branch_inputs=[ZeroRows((0, 3))]).init_params(np.random.default_rng(4), np.float64)
+    for k, v in plain.items():  # zero rows only: every other tensor and row as without the stage
+        w = only_zero["core"][k]
+        assert np.array_equal(w[: v.shape[0]], v), k
+    # a stage without the attribute keeps the drawn rows (the tests' OFI column)
+    ofi = BranchingC51(NET, branch_inputs=[OfiColumnStage()])
+    assert all(ofi.drawn_rows(d).all() for d in range(4))
+
+
+class TwoStages:
+    @hookimpl
+    def branch_inputs(self, ctx):
+        return ZeroRows((2,)), ZeroRows((3,), width=2)
+
+
+def test_a_hook_may_answer_with_a_tuple_of_stages():
+    ps = PluginSet([LoadedPlugin("zero_rows", 10, TwoStages(), None)])
+    st = build_stages(ps, RunSettings(net=NET), np)
+    assert [s.branches for s in st.branch_inputs] == [(2,), (3,)]
+    assert st.owners["branch_inputs"] == ["zero_rows"]
+    net = BranchingC51(NET, branch_inputs=st.branch_inputs)
+    assert net.in_width == [10, 13, 12, 12]
