@@ -9,7 +9,9 @@ run. Tags:
 * ``<split>/<policy>/<metric>`` — evaluation metrics: ``val/...`` at every selection check,
   ``test/...`` (or the split evaluated) when the run is evaluated.
 
-A run without a directory, or with ``train.tensorboard: false``, writes nothing.
+A run without a directory, or with ``train.tensorboard: false``, writes nothing. The event file
+is opened at the first record, so a command refused before it records anything (a ``resume``
+of a damaged checkpoint) leaves the run directory as it was.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ class Board:
 
     def __init__(self, out_dir: Path | None, enabled: bool) -> None:
         self.writer: Any = None
-        if out_dir is not None and enabled:
+        self._logdir = str(out_dir) if out_dir is not None and enabled else None
+        self._last: tuple[float, int] | None = None
+
+    def _open(self) -> bool:
+        """Open the event file at the first record; whether there is one to write to."""
+        if self.writer is None and self._logdir is not None:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(logdir=str(out_dir), flush_secs=30)
-        self._last: tuple[float, int] | None = None
+            self.writer = SummaryWriter(logdir=self._logdir, flush_secs=30)
+        return self.writer is not None
 
     def _scalar(self, tag: str, value: Any, step: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
@@ -38,7 +45,7 @@ class Board:
 
     def stats(self, record: dict[str, Any]) -> None:
         """One Q-statistics record (keyed by its ``step``) and the interval's update rate."""
-        if self.writer is None:
+        if not self._open():
             return
         step = int(record["step"])
         for key, value in record.items():
@@ -55,7 +62,7 @@ class Board:
         self._last = (now, step)
 
     def evaluation(self, split: str, table: dict[str, dict[str, float]], step: int) -> None:
-        if self.writer is None:
+        if not self._open():
             return
         for policy, row in table.items():
             for metric, value in row.items():
@@ -63,6 +70,7 @@ class Board:
         self.writer.flush()
 
     def close(self) -> None:
+        self._logdir = None  # nothing is written after close
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
