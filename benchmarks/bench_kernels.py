@@ -54,10 +54,25 @@ OFFSETS = (0, 3, 6, 9, 12)
 N, A, D = 51, 12, 4
 
 
-def dueling_cases(B: int) -> dict:
-    import cupy as cp
+def configured(cfg: Any) -> Any:
+    """The kernel wrappers with the tensor-core kernels built as ``cfg`` says (its ``glu``,
+    ``linear``, ``wgrad`` configs: the command line's --glu-*, --linear-*, --wgrad-* options)."""
+    import functools
+    import types
 
     from foxhunt_core.gpu import kernels as K
+
+    bound = {"glu_gemm": cfg.glu, "linear_gemm": cfg.linear, "heads_dueling": cfg.linear,
+             "linear_gemm_relu_backward": cfg.linear, "wgrad_gemm": cfg.wgrad, "wgrad_gemm_sets": cfg.wgrad}
+    wrappers = {name: getattr(K, name) for name in K.__all__}
+    wrappers.update({name: functools.partial(getattr(K, name), config=c) for name, c in bound.items()})
+    return types.SimpleNamespace(**wrappers)
+
+
+def dueling_cases(B: int, cfg: Any) -> dict:
+    import cupy as cp
+
+    K = configured(cfg)
     from foxhunt_core.gpu.launch import head_columns, padded
 
     R = 3 * B
@@ -78,10 +93,10 @@ def dueling_cases(B: int) -> dict:
     return {"dueling fwd (2 launches)": run}
 
 
-def c51_case(B: int) -> dict:
+def c51_case(B: int, cfg: Any) -> dict:
     import cupy as cp
 
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
 
     rng = cp.random.default_rng(0)
     logits = rng.standard_normal((B, A, N), dtype=cp.float32)
@@ -104,7 +119,7 @@ def c51_case(B: int) -> dict:
     return {"c51 projection + loss": run}
 
 
-def attention_cases(B: int) -> dict:
+def attention_cases(B: int, cfg: Any) -> dict:
     import cupy as cp
 
     from foxhunt_core.gpu import qkernels as Q
@@ -125,11 +140,11 @@ def attention_cases(B: int) -> dict:
     }
 
 
-def glu_cases(B: int) -> dict:
+def glu_cases(B: int, cfg: Any) -> dict:
     import cupy as cp
 
     from foxhunt_core.gpu import cublas, cublaslt
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
 
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)
@@ -169,11 +184,11 @@ def glu_cases(B: int) -> dict:
     }
 
 
-def heads_cases(B: int) -> dict:
+def heads_cases(B: int, cfg: Any) -> dict:
     import cupy as cp
 
     from foxhunt_core.gpu import cublas, cublaslt
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
 
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)
@@ -193,17 +208,17 @@ def heads_cases(B: int) -> dict:
         "heads (4 x K = 256, N = 156): linear_gemm": lambda: K.linear_gemm(
             ins, [wt[N * i : N * (i + 1)] for i in range(4)], outs, bias=[w[-1, N * i : N * (i + 1)] for i in range(4)],
             rounded=H),
-        **heads_dueling_cases(B, ins, wt, w, adv),
+        **heads_dueling_cases(B, ins, wt, w, adv, cfg),
     }
 
 
-def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any) -> dict:
+def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any, cfg: Any) -> dict:
     """The update's online forwards' heads (2 B rows: s with every output, s' with E[Q]) and their
     dueling forward: linear_gemm then dueling_softmax_forward (the heads' round trip through
     memory) against heads_dueling (the dueling forward in the GEMM's epilogue)."""
     import cupy as cp
 
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
     from foxhunt_core.gpu.launch import padded
 
     R, H, Nh = 2 * B, 256, 156
@@ -231,11 +246,10 @@ def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any) -> dict:
                         bias=bias[1:], rounded=H, **res)
 
     def straight() -> None:  # the distributions straight from the lanes to memory, not through the staging buffer
-        K.HEADS_DUELING_STAGED = False
-        try:
-            fused()
-        finally:
-            K.HEADS_DUELING_STAGED = True
+        K.heads_dueling(ins[:1], wts[:1], v, z, OFFSETS, branches=(0, 1), segments=wants, seg_rows=B,
+                        bias=bias[:1], zq=zwide[:, 256:259], zq_scale=0.1, rounded=H, straight=True, **res)
+        K.heads_dueling(ins[1:], wts[1:], v, z, OFFSETS, branches=(1, D), segments=wants, seg_rows=B,
+                        bias=bias[1:], rounded=H, straight=True, **res)
 
     def fused_as(segments: list, seg_rows: int) -> Any:  # heads_dueling over other segments (where the time goes)
         r1 = len(segments) * seg_rows
@@ -253,11 +267,11 @@ def heads_dueling_cases(B: int, ins: list, wt: Any, w: Any, adv: Any) -> dict:
             "heads + dueling fwd (one row: the GEMM alone, nothing written): heads_dueling": fused_as([("q",)], 1)}
 
 
-def glu_backward_cases(B: int) -> dict:
+def glu_backward_cases(B: int, cfg: Any) -> dict:
     import cupy as cp
 
     from foxhunt_core.gpu import cublas, cublaslt
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
 
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)
@@ -292,11 +306,11 @@ def glu_backward_cases(B: int) -> dict:
     }
 
 
-def wgrad_cases(B: int) -> dict:
+def wgrad_cases(B: int, cfg: Any) -> dict:
     import cupy as cp
 
     from foxhunt_core.gpu import cublas, cublaslt
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
 
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)
@@ -334,11 +348,11 @@ def wgrad_cases(B: int) -> dict:
     return cases
 
 
-def trunk_backward_cases(B: int) -> dict:
+def trunk_backward_cases(B: int, cfg: Any) -> dict:
     import cupy as cp
 
     from foxhunt_core.gpu import cublas, cublaslt
-    from foxhunt_core.gpu import kernels as K
+    K = configured(cfg)
 
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)
@@ -370,9 +384,10 @@ def main() -> None:
                     help="glu_gemm's cluster size (CTAs sharing their weight loads; default: the kernel's)")
     ap.add_argument("--glu-ring", type=int, nargs="+", default=None, metavar="N",
                     help="glu_gemm's ring and staging: stages [staged boxes [boxes per hand-off]] "
-                         "(kernels.glu_gemm_ring; 3 alone: the whole tile's h staged at once; default: the kernel's)")
+                         "(kernels.GluGemmConfig.ring; 3 alone: the whole tile's h staged at once; default: the "
+                         "table's)")
     ap.add_argument("--glu-pv-registers", action="store_true",
-                    help="glu_gemm stores pv from the registers rather than by TMA (kernels.GLU_GEMM_PV_TMA off)")
+                    help="glu_gemm stores pv from the registers rather than by TMA (GluGemmConfig's pv_tma off)")
     ap.add_argument("--linear-cluster", type=int, choices=(1, 2, 4), default=None,
                     help="linear_gemm's cluster size (default: the kernel's)")
     ap.add_argument("--linear-stages", type=int, choices=(3, 4, 5), default=None,
@@ -381,28 +396,28 @@ def main() -> None:
     ap.add_argument("--wgrad-stages", type=int, choices=(3, 4), default=None,
                     help="wgrad_gemm's shared-memory stages (default: the kernel's)")
     args = ap.parse_args()
+    import types
+
     import cupy as cp
 
-    from foxhunt_core.gpu import kernels as K
+    from foxhunt_core.gpu import kernels as KM
 
+    glu = dict(pv_tma=not args.glu_pv_registers)
     if args.glu_cluster is not None:
-        K.GLU_GEMM_CLUSTER = args.glu_cluster
-    if args.glu_ring is not None:
-        K.glu_gemm_ring(*args.glu_ring)
-    K.GLU_GEMM_PV_TMA = not args.glu_pv_registers
-    if args.linear_cluster is not None:
-        K.LINEAR_GEMM_CLUSTER = args.linear_cluster
-    if args.linear_stages is not None:
-        K.LINEAR_GEMM_STAGES = args.linear_stages
-    if args.wgrad_stages is not None:
-        K.WGRAD_GEMM_STAGES = args.wgrad_stages
+        glu["cluster"] = args.glu_cluster
+    linear = {k: v for k, v in (("cluster", args.linear_cluster), ("stages", args.linear_stages)) if v is not None}
+    cfg = types.SimpleNamespace(
+        glu=KM.GluGemmConfig.ring(*args.glu_ring, **glu) if args.glu_ring else KM.GluGemmConfig(**glu),
+        linear=KM.LinearGemmConfig(**linear),
+        wgrad=KM.WgradGemmConfig(**({"stages": args.wgrad_stages} if args.wgrad_stages else {})))
 
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; µs per call (median of {args.repeats})")
     print("| B | kernel | µs |")
     print("|---|---|---|")
     for B in args.batches:
-        cases = {**dueling_cases(B), **c51_case(B), **attention_cases(B), **glu_cases(B), **heads_cases(B),
-                 **glu_backward_cases(B), **wgrad_cases(B), **trunk_backward_cases(B)}
+        cases = {**dueling_cases(B, cfg), **c51_case(B, cfg), **attention_cases(B, cfg), **glu_cases(B, cfg),
+                 **heads_cases(B, cfg), **glu_backward_cases(B, cfg), **wgrad_cases(B, cfg),
+                 **trunk_backward_cases(B, cfg)}
         for name, fn in cases.items():
             if args.only not in name:
                 continue

@@ -1,7 +1,7 @@
 """Updates per second of foxhunt's training step on the GPU against its PyTorch peer.
 
     python benchmarks/bench_update.py [--batches 4096 16384 65536] [--repeats 50] [--json out.json]
-        [--foxhunt VARIANT ...] [--torch KIND ...] [--max-autotune B ...] [--stack-max N]
+        [--foxhunt VARIANT ...] [--torch KIND ...] [--max-autotune B ...] [--stack-max N] [--flags FILE ...]
 
 In one run on one GPU, for each batch size:
 
@@ -33,6 +33,10 @@ In one run on one GPU, for each batch size:
   ``torch max-autotune+graph``: compiled with ``mode="max-autotune-no-cudagraphs"`` (Inductor
   times Triton GEMM templates, with fused epilogues, against cuBLAS per shape: PyTorch's
   counterpart of foxhunt's GEMM autotuning) inside a hand-captured graph;
+* ``foxhunt FLAGS`` for each ``--flags`` file: the captured update of that flag set (its plugin
+  stages and its run settings' network, TF32 and GEMM tuning as stage 0's) at the same batch
+  sizes, beside stage 0 in the same run, with its ratio to stage 0 and the stages its execution
+  plan puts on the slow path;
 * the same four (and max-autotune) ``tuned``: ``PeerNet(tuned=True)`` (the same function with
   its unaligned layers zero-padded and the attention as fused broadcast products) and Adam as
   one fused kernel.
@@ -74,15 +78,20 @@ def gemm_flops(net, B: int) -> float:
     return 2.0 * B * (3 * fwd + 2 * fwd - first_dx)
 
 
-def random_batch(B: int, seed: int = 1) -> dict:
-    """A replay batch of ``B`` random transitions on the device (stage-0 shapes)."""
+def random_batch(B: int, seed: int = 1, net: Any = None) -> dict:
+    """A replay batch of ``B`` random transitions on the device, of the network settings ``net``'s
+    shapes (default: stage 0's)."""
     import cupy as cp
 
+    from foxhunt_core.config import NetSettings
+
+    net = net or NetSettings()
     rng = np.random.default_rng(seed)
+    sizes = np.asarray(net.branch_sizes)
     return {
-        "obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "next_obs": cp.asarray(rng.normal(size=(B, 50)), dtype=cp.float32),
-        "action": cp.asarray(rng.integers(0, 3, size=(B, 4))),
+        "obs": cp.asarray(rng.normal(size=(B, net.state_dim)), dtype=cp.float32),
+        "next_obs": cp.asarray(rng.normal(size=(B, net.state_dim)), dtype=cp.float32),
+        "action": cp.asarray(rng.integers(0, 1 << 30, size=(B, len(sizes))) % sizes),
         "reward": cp.asarray(rng.normal(size=B), dtype=cp.float32),
         "terminal": cp.zeros(B, dtype=cp.float32),
     }
@@ -103,20 +112,21 @@ def time_cuda(fn, repeats: int, sync) -> list[float]:
     return out
 
 
-# bench_foxhunt's arguments of each foxhunt variant
+# bench_foxhunt's arguments of each foxhunt variant; "plan": overrides of the execution plan
+# (foxhunt_core.net.fused.plan.Knobs)
 FOXHUNT_VARIANTS = {
     "foxhunt": dict(graphs=True, tune=True),
     "foxhunt heuristic": dict(graphs=True),
     "foxhunt eager": dict(graphs=False, tune=True),
     "foxhunt gemmex": dict(graphs=True, lt=False),
-    "foxhunt 1 stream": dict(graphs=True, tune=True, side_stream=False),
-    "foxhunt cublas glu": dict(graphs=True, tune=True, glu_gemm=False),
-    "foxhunt heads apart": dict(graphs=True, tune=True, heads_dueling=False),
-    "foxhunt relu apart": dict(graphs=True, tune=True, relu_gemm=False),
-    "foxhunt dq apart": dict(graphs=True, tune=True, dq_gemm=False),
-    "foxhunt glu 3 stages": dict(graphs=True, tune=True, glu_stages=3),
-    "foxhunt pv from registers": dict(graphs=True, tune=True, pv_tma=False),
-    "foxhunt dz apart": dict(graphs=True, tune=True, joint_dz=False),
+    "foxhunt 1 stream": dict(graphs=True, tune=True, plan=dict(side_stream=False)),
+    "foxhunt cublas glu": dict(graphs=True, tune=True, plan=dict(glu_gemm=False)),
+    "foxhunt heads apart": dict(graphs=True, tune=True, plan=dict(heads_dueling=False)),
+    "foxhunt relu apart": dict(graphs=True, tune=True, plan=dict(relu_gemm=False)),
+    "foxhunt dq apart": dict(graphs=True, tune=True, plan=dict(glu_backward_dq=False)),
+    "foxhunt glu 3 stages": dict(graphs=True, tune=True, plan=dict(glu_gemm_config=("ring", 3))),
+    "foxhunt pv from registers": dict(graphs=True, tune=True, plan=dict(glu_gemm_config=("pv_tma", False))),
+    "foxhunt dz apart": dict(graphs=True, tune=True, plan=dict(joint_dz=False)),
 }
 # PyTorch variants timed by default; "tuned": torch_peer.PeerNet(tuned=True) and a fused Adam
 TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
@@ -124,79 +134,66 @@ TORCH_KINDS = ("eager", "compile", "graph", "compile+graph",
 MAX_AUTOTUNE_KINDS = ("max-autotune+graph", "max-autotune+graph tuned")  # slow to compile: --max-autotune B
 
 
-def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  side_stream: bool = True, stack_max: int | None = None, glu_gemm: bool = True,
-                  heads_dueling: bool = True, relu_gemm: bool = True, dq_gemm: bool = True,
-                  glu_stages: int | None = None, pv_tma: bool = True, joint_dz: bool = True) -> float:
-    """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
-    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up),
-    ``side_stream=False`` queues everything on one stream (``foxhunt_core.gpu.streams``),
-    ``stack_max`` sets the rows up to which the update's forwards run stacked
-    (``foxhunt_core.net.fused.STACK_MAX_ROWS``), ``glu_gemm=False`` runs the GLUs as cuBLAS's
-    GEMM followed by ``glu_forward`` and the advantage heads as cuBLAS's GEMMs, where they would
-    run as ``glu_gemm`` and ``linear_gemm`` (``foxhunt_core.net.fused.fused_glu``),
-    ``heads_dueling=False`` runs the dueling forward as its own kernel after the heads' GEMM rather
-    than in the heads' kernel (``foxhunt_core.net.fused.HEADS_DUELING``), ``relu_gemm=False`` the
-    trunk's input gradients as cuBLAS's GEMMs and ``relu_backward`` rather than
-    ``linear_gemm_relu_backward`` (``foxhunt_core.net.fused.fused_relu_backward``), ``dq_gemm=False``
-    the direction-Q columns' gradient as a product of its own rather than in
-    ``glu_backward_gemm``'s epilogue (``foxhunt_core.gpu.kernels.GLU_BACKWARD_GEMM_DQ_H``),
-    ``glu_stages=3`` runs ``glu_gemm`` with three stages in its ring and the whole tile's h staged
-    for one hand-off to the TMA unit (``foxhunt_core.gpu.kernels.glu_gemm_ring``), ``pv_tma=False``
-    has ``glu_gemm`` store the pre-activations it keeps from the registers rather than by TMA
-    (``foxhunt_core.gpu.kernels.GLU_GEMM_PV_TMA``), ``joint_dz=False`` takes z's gradient in one
-    GEMM per GLU group rather than one for all (``foxhunt_core.net.fused.JOINT_DZ``)."""
-    from foxhunt_core.gpu import cublaslt, streams
+def plan_overrides(plan: dict | None) -> dict:
+    """A variant's ``plan`` as the execution plan's knobs (its short forms of glu_gemm's config made
+    into a :class:`foxhunt_core.gpu.kernels.GluGemmConfig`)."""
     from foxhunt_core.gpu import kernels as K
-    from foxhunt_core.net import fused
 
+    overrides = dict(plan or {})
+    if "glu_gemm_config" in overrides:
+        kind, arg = overrides["glu_gemm_config"]
+        overrides["glu_gemm_config"] = K.GluGemmConfig.ring(arg) if kind == "ring" else K.GluGemmConfig(pv_tma=arg)
+    return overrides
+
+
+def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
+                  plan: dict | None = None, flags: Any = None) -> float:
+    """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
+    cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up), ``plan``
+    builds the update's execution plan with these overrides (``side_stream=False``: everything on
+    one stream; ``stack_max_rows``: the rows up to which the forwards run stacked; ``glu_gemm``,
+    ``heads_dueling``, ``relu_gemm``, ``glu_backward_dq``, ``joint_dz`` False: the GLUs and heads
+    through cuBLAS, the dueling forward after the heads' GEMM, the trunk's ReLU backward after
+    cuBLAS's GEMMs, the direction-Q columns' gradient as a product of its own, z's gradient one
+    GEMM per GLU group; ``glu_gemm_config``: ``("ring", 3)`` for glu_gemm's ring of three stages
+    with the whole tile's h staged for one hand-off to the TMA unit, ``("pv_tma", False)`` for the
+    pre-activations it keeps stored from the registers rather than by TMA); ``flags`` a loaded flag
+    file (:func:`foxhunt_core.flags.load_flags`) whose plugin stages and network the agent takes
+    (default: stage 0, the default settings)."""
+    from foxhunt_core.gpu import cublaslt
+
+    overrides = plan_overrides(plan)
     cublaslt.set_enabled(lt)
     was = cublaslt.autotune_enabled()
-    was_stack = fused.STACK_MAX_ROWS
     cublaslt.set_autotune(tune)
-    streams.set_enabled(side_stream)
-    if stack_max is not None:
-        fused.STACK_MAX_ROWS = stack_max
-    real_fused_glu, real_fused_relu = fused.fused_glu, fused.fused_relu_backward
-    if not glu_gemm:
-        fused.fused_glu = lambda net, stack: False
-    if not relu_gemm:
-        fused.fused_relu_backward = lambda net, rows: False
-    fused.HEADS_DUELING = heads_dueling
-    dq_h = K.GLU_BACKWARD_GEMM_DQ_H
-    if not dq_gemm:
-        K.GLU_BACKWARD_GEMM_DQ_H = 0
-    ring = K.glu_gemm_ring()
-    if glu_stages is not None:
-        K.glu_gemm_ring(glu_stages)
-    K.GLU_GEMM_PV_TMA = pv_tma
-    fused.JOINT_DZ = joint_dz
     try:
-        return _bench_foxhunt(B, repeats, graphs)
+        return _bench_foxhunt(B, repeats, graphs, overrides, flags)
     finally:
-        fused.JOINT_DZ = True
-        K.GLU_GEMM_PV_TMA = True
-        K.glu_gemm_ring(*ring)
-        K.GLU_BACKWARD_GEMM_DQ_H = dq_h
-        fused.fused_glu, fused.fused_relu_backward = real_fused_glu, real_fused_relu
-        fused.HEADS_DUELING = True
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
-        streams.set_enabled(True)
-        fused.STACK_MAX_ROWS = was_stack
 
 
-def _bench_foxhunt(B: int, repeats: int, graphs: bool) -> float:
+SLOW_PATHS: dict[str, list[str]] = {}  # flag file -> its plan's stages on the slow path (for the report)
+
+
+def _bench_foxhunt(B: int, repeats: int, graphs: bool, plan: dict, flags: Any) -> float:
     import cupy as cp
 
     from foxhunt_core.agent import Agent
     from foxhunt_core.config import RunSettings
     from foxhunt_core.graphs import GraphedUpdate
-    from foxhunt_core.plugins import PluginSet
+    from foxhunt_core.plugins import PluginSet, discover
 
-    settings = RunSettings()
-    agent = Agent(settings, PluginSet(), cp, np.random.default_rng(0))
-    batch = random_batch(B)
+    if flags is None:
+        settings, plugins, options = RunSettings(), PluginSet(), {}
+    else:
+        settings = flags.settings
+        plugins, options = (flags.registry or discover()).plugin_set(flags.enabled), flags.option_models
+    agent = Agent(settings, plugins, cp, np.random.default_rng(0), options=options, plan_overrides=plan)
+    if flags is not None:
+        SLOW_PATHS[str(flags.path)] = [f"{st.hook} {st.name}: {st.why}" for st in agent.plan.stages
+                                       if st.path == "slow"]
+    batch = random_batch(B, net=settings.net)
     coeff = cp.asarray(0.001, dtype=cp.float32)
     if graphs:
         g = GraphedUpdate(agent, B)
@@ -313,7 +310,19 @@ def main() -> int:
     ap.add_argument("--stack-max", type=int, default=None,
                     help="also time foxhunt with its forwards stacked up to this many rows "
                          "(a 'foxhunt stack<=N' column)")
+    ap.add_argument("--flags", type=Path, nargs="+", default=[], metavar="FILE",
+                    help="also time the captured update of each flag set (its stages and network), beside stage 0 "
+                         "(a 'foxhunt FILE' column each)")
     args = ap.parse_args()
+    from foxhunt_core.flags import FlagError, load_flags
+
+    flag_sets = {}
+    for path in args.flags:
+        try:
+            flag_sets[f"foxhunt {path.stem}"] = load_flags(path)
+        except FlagError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     import cupy as cp
 
     from foxhunt_core.config import NetSettings
@@ -331,7 +340,11 @@ def main() -> int:
                 res[v] = bench_foxhunt(B, args.repeats, **FOXHUNT_VARIANTS[v])
         if args.stack_max is not None:
             res[f"foxhunt stack<={args.stack_max}"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True,
-                                                                   stack_max=args.stack_max)
+                                                                   plan=dict(stack_max_rows=args.stack_max))
+        for col, f in flag_sets.items():
+            res[col] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f)
+            print(f"B={B} {col}: {res[col]:.3f} ms ({res[col] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
+                  flush=True)
         if not args.skip_torch:
             kinds = list(args.torch)
             kinds += [k for k in MAX_AUTOTUNE_KINDS if k not in kinds] if B in args.max_autotune else []
@@ -349,7 +362,7 @@ def main() -> int:
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
     stacked = [f"foxhunt stack<={args.stack_max}"] if args.stack_max is not None else []
-    cols = [*FOXHUNT_VARIANTS, *stacked, *(f"torch {k}" for k in (*TORCH_KINDS, *MAX_AUTOTUNE_KINDS))]
+    cols = [*FOXHUNT_VARIANTS, *stacked, *flag_sets, *(f"torch {k}" for k in (*TORCH_KINDS, *MAX_AUTOTUNE_KINDS))]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")
@@ -359,6 +372,15 @@ def main() -> int:
         ratio = torch_best / r["foxhunt"]
         print(f"| {r['batch']} | " + " | ".join(f"{r[c]:.3f}" if c in r else "-" for c in cols)
               + f" | {ratio:.2f}x | {r['gemm_tflops']:.0f} ({r['ceiling_tflops']:.0f}) |")
+    if flag_sets:
+        print("\nflag sets against stage 0 in the same run (ms per update, ratio):")
+        print("| flag set | " + " | ".join(f"B = {r['batch']}" for r in rows) + " |")
+        print("|---" * (len(rows) + 1) + "|")
+        for col, f in flag_sets.items():
+            print(f"| {col.removeprefix('foxhunt ')} | "
+                  + " | ".join(f"{r[col]:.3f} ({r[col] / r['foxhunt']:.3f}x)" for r in rows) + " |")
+            for line in SLOW_PATHS.get(str(f.path), []):
+                print(f"  slow path: {line}")
     from foxhunt_core.gpu import cublaslt
 
     tuned = cublaslt.tuning_report()

@@ -81,30 +81,23 @@ def main() -> None:
     h = cp.empty((R, 4 * Wh), cp.float32)
     wd, bd, wj = w[:H, : 2 * H], w[-1, : 2 * H], w[:, 2 * H :]
     wdt, wjt = K.transpose(wd), K.transpose(wj)
-    cases = {
-        "direction (K 256, N 512)": lambda: K.glu_gemm(u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh], wt=wdt, rounded=H),
-        "3 branches (K 260, N 1536)": lambda: K.glu_gemm(u, wj, width=Wh, blocks=3, h=h[:, Wh:], wt=wjt, rounded=H),
-    }
-    loader = K._kernel
+
+    def cases(cfg):
+        return [lambda: K.glu_gemm(u[:, :H], wd, bias=bd, width=Wh, h=h[:, :Wh], wt=wdt, rounded=H, config=cfg),
+                lambda: K.glu_gemm(u, wj, width=Wh, blocks=3, h=h[:, Wh:], wt=wjt, rounded=H, config=cfg)]
+
+    names = ["direction (K 256, N 512)", "3 branches (K 260, N 1536)"]
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; {R} rows; µs per call "
           f"(median of {args.repeats})")
-    print("| variant | " + " | ".join(cases) + " |")
-    print("|---|" + "---|" * len(cases))
+    print("| variant | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
     with tempfile.TemporaryDirectory() as tmp:
         for header in SOURCE.parent.glob("*.cuh"):  # (NVRTC looks for includes beside the source)
             shutil.copy(header, tmp)
         for name in VARIANTS:
             path = Path(tmp) / f"glu_gemm_{name.replace(' ', '_')}.cu"
             path.write_text(variant_source(name, src))
-
-            def patched(cu, kernel, defines=None, _path=str(path)):
-                return loader(_path if cu == "glu_gemm.cu" and kernel == "glu_gemm" else cu, kernel, defines)
-
-            K._kernel = patched
-            try:
-                times = [graph_us(fn, args.repeats) for fn in cases.values()]
-            finally:
-                K._kernel = loader
+            times = [graph_us(fn, args.repeats) for fn in cases(K.GluGemmConfig(source=str(path)))]
             print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in times) + " |", flush=True)
 
 

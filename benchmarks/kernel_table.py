@@ -45,14 +45,14 @@ def main() -> int:
 
     from foxhunt_core.agent import Agent
     from foxhunt_core.config import RunSettings
-    from foxhunt_core.gpu import cublas, cublaslt, streams
+    from foxhunt_core.gpu import cublas, cublaslt
     from foxhunt_core.plugins import PluginSet
 
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)  # the default settings' GEMM algorithms (train.gemm_autotune), tuned in the warm-up
-    streams.set_enabled(not args.one_stream)
     B = args.batch
-    agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
+    agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0),
+                  plan_overrides={"side_stream": not args.one_stream})
     batch = random_batch(B)
     coeff = cp.asarray(0.001, dtype=cp.float32)
     for _ in range(3):

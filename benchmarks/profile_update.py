@@ -47,33 +47,39 @@ def main() -> int:
 
     B = args.batch
     agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0))
+    step, fnet, on = agent.step, agent.fused_network, agent.online
     rng = np.random.default_rng(1)
     batch = random_batch(B)
-    net, on = agent.net, agent.online
-    out = net.forward(on, batch["obs"], keep_cache=True)
+    out, on_next, tgt = step.forwards(batch)
     dl = cp.asarray(rng.normal(size=out.log_probs.shape) * 1e-4, dtype=cp.float32)
-    q = agent._qpipe(on, out, keep_cache=True)
+    q = step.q_pipeline(on, out, keep_cache=True)
     dq = cp.asarray(rng.normal(size=q.q_coord.shape), dtype=cp.float32)
     grads, _, _, _ = agent.loss_and_grads(batch, 0.001)
-    p_next, disc = agent.bootstrap(batch)
-    logp = cp.ascontiguousarray(out.log_probs[:, :4])
+    a_star, disc = step.bootstrap(batch, on_next)
+    taken = batch["action"] + step.branch_base
     x = cp.asarray(rng.normal(size=(B, 256)), dtype=cp.float32)
     w = cp.asarray(rng.normal(size=(256, 256)), dtype=cp.float32)
+
+    def backward():  # (the backward consumes its forward's cache: a forward first, timed with it)
+        o = fnet.forward(on, batch["obs"], keep_cache=True)
+        fnet.backward(on, o, dl, grads_into=agent.opt.grad_slots())
+
     rows = {
-        "forward (keep cache)": lambda: net.forward(on, batch["obs"], keep_cache=True),
-        "forward (no cache)": lambda: net.forward(on, batch["obs"]),
-        "bootstrap (2 forwards, qpipe, gather)": lambda: agent.bootstrap(batch),
-        "c51 target+loss kernel": lambda: K.c51_target_loss(p_next, batch["reward"], disc, logp, agent.z, 0.001),
-        "network backward": lambda: net.backward(on, out, dl),
-        "qpipe forward (cache)": lambda: agent._qpipe(on, out, keep_cache=True),
-        "qpipe backward": lambda: agent.qpipe.backward(on, q, dq),
+        "forward (keep cache)": lambda: fnet.forward(on, batch["obs"], keep_cache=True),
+        "forward (E[Q] only)": lambda: fnet.forward(on, batch["obs"], outputs=("q",)),
+        "the update's three forwards": lambda: step.forwards(batch),
+        "bootstrap (qpipe on s', argmax)": lambda: step.bootstrap(batch, on_next),
+        "c51 target+loss kernel": lambda: K.c51_target_loss(
+            None, batch["reward"], disc, out.log_probs, agent.z, 0.001, next_heads=tgt.heads, next_action=a_star,
+            action=taken, offsets=agent.offsets, dlogits_full=True, write_m=False),
+        "forward (keep cache) + network backward": backward,
+        "qpipe forward (cache)": lambda: step.q_pipeline(on, out, keep_cache=True),
+        "qpipe backward": lambda: agent.qpipe.backward(on, q, dq, grads_into=agent.opt.grad_slots()),
         "adam step": lambda: agent.opt.step(on, grads),
         "whole loss_and_grads": lambda: agent.loss_and_grads(batch, 0.001),
         "one GEMM [B,256]x[256,256]": lambda: mm(x, w),
         "one GEMM dW [256,B]x[B,256]": lambda: mm(x.T, x),
         "column sum via cupy sum(axis=0)": lambda: x.sum(axis=0),
-        "dueling softmax kernel (all)": lambda: K.dueling_softmax_forward(  # any [B, N] and [B, A, N] inputs
-            out.probs[:, 0], out.log_probs, agent.z, net.offsets),
         "zeros_like [B,A,N]": lambda: cp.zeros_like(out.log_probs),
     }
     print(f"B = {B}; ms, median of {args.repeats}")

@@ -37,22 +37,9 @@ def init_params(num_actions: int, dim: int, rng: np.random.Generator) -> dict[st
     }
 
 
-def _fused(q: Array) -> bool:
-    return type(q).__module__.startswith("cupy") and q.dtype == np.float32
-
-
-def forward(params: dict[str, Array], q: Array, use_kernels: bool = True) -> tuple[Array, dict[str, Array]]:
-    """Coordinated Q [B, A] from Q [B, A]; returns ``(qc, cache)``.
-
-    On the GPU (CuPy float32) one kernel does it (:func:`foxhunt_core.gpu.kernels.attention_forward`).
-    """
-    if use_kernels and _fused(q):
-        from .gpu import kernels as K
-
-        q = q if q.flags.c_contiguous else q.copy()
-        p = params
-        qc = K.attention_forward(q, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"])
-        return qc, {"fused": True, "q": q}
+def forward(params: dict[str, Array], q: Array) -> tuple[Array, dict[str, Array]]:
+    """Coordinated Q [B, A] from Q [B, A]; returns ``(qc, cache)``. (The GPU step runs it as one
+    kernel: :class:`foxhunt_core.gpu.step.KernelAttention`.)"""
     xp = L._xp(q)
     B, A = q.shape
     emb = params["attn.emb"]
@@ -71,19 +58,8 @@ def forward(params: dict[str, Array], q: Array, use_kernels: bool = True) -> tup
 def backward(
     params: dict[str, Array], cache: dict[str, Array], dqc: Array, grads_into: dict[str, Array] | None = None
 ) -> tuple[Array, dict[str, Array]]:
-    """``(dq, grads)`` from ``dloss/dqc`` [B, A]; on the GPU path the gradients are written into
-    ``grads_into`` (views, e.g. of the optimizer's flat gradient buffer) where it has them."""
-    if cache.get("fused"):
-        from .gpu import kernels as K
-
-        p = params
-        dqc = dqc if dqc.flags.c_contiguous else dqc.copy()
-        slots = grads_into or {}
-        outs = {k: slots.get(n) for k, n in (("demb", "attn.emb"), ("dwq", "attn.wq"), ("dwk", "attn.wk"),
-                                             ("dgate", "attn.gate"))}
-        # dq is not formed on this path: the training step stops the gradient at the raw Q.
-        return K.attention_backward(cache["q"], dqc, p["attn.emb"], p["attn.wq"], p["attn.wk"], p["attn.gate"],
-                                    **outs)
+    """``(dq, grads)`` from ``dloss/dqc`` [B, A] (``grads_into``, the views a GPU step's gradients
+    go into, is not used here: the grads are new arrays)."""
     q, t, qry, key, a, o = (cache[n] for n in ("q", "t", "qry", "key", "a", "o"))
     k = params["attn.emb"].shape[1]
     g = params["attn.gate"]

@@ -55,6 +55,19 @@ def to_numpy(a: Any) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
+def scatter_add(idx: Any, values: Any, size: int) -> Any:
+    """``out[idx[i]] += values[i]`` over a zero vector of ``size`` (repeated indices add up), on the
+    array module of ``values``: NumPy's bincount; on CuPy an unbuffered add, which keeps the
+    operation on the device without a host sync."""
+    if isinstance(values, np.ndarray):
+        return np.bincount(idx, weights=values, minlength=size)
+    import cupy
+
+    out = cupy.zeros(size, dtype=values.dtype)
+    cupy.add.at(out, idx, values)
+    return out
+
+
 # ----------------------------------------------------------------------------- CUDA kernels
 _MODULE_CACHE: dict[tuple[int, str, tuple[tuple[str, str], ...]], Any] = {}
 # A kernel source carrying this line uses instructions of its architecture's "a" variant (wgmma on

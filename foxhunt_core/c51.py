@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .backend import scatter_add
 from .net.layers import _xp
 
 Array = Any
@@ -69,11 +70,7 @@ def project(next_probs: Array, rewards: Array, discounts: Array, z: Array) -> Ar
     rows = (xp.arange(B, dtype=xp.int64) * N)[:, None]
     idx = xp.concatenate([(rows + low_i).ravel(), (rows + up_i).ravel()])
     mass = xp.concatenate([(next_probs * w_low).ravel(), (next_probs * w_up).ravel()])
-    if xp is np:
-        flat = np.bincount(idx, weights=mass, minlength=B * N)
-    else:  # CuPy: an unbuffered add keeps the projection on the device without a host sync
-        flat = xp.zeros(B * N, dtype=next_probs.dtype)
-        xp.add.at(flat, idx, mass)
+    flat = scatter_add(idx, mass, B * N)  # the mass of each shifted atom onto its two neighbours
     return flat.reshape(B, N).astype(next_probs.dtype, copy=False)
 
 

@@ -18,11 +18,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__, value_bias
+from . import __version__, validation, value_bias
 from .backend import BackendError
 from .checkpoint import CheckpointError, atomic_write_text
 from .cli_support import OperatorError, checked_checkpoint, flag_data_lines, os_error_line, resume_steps, with_overrides
 from .config import RunSettings
+from .explain import ExplainError
 from .flags import FlagError, load_flags, parse_flags
 from .logs import jsonable
 from .market.loaders import DataError
@@ -42,7 +43,7 @@ class UsageFailure(Exception):
 
 
 OPERATOR_ERRORS = (FlagError, PluginError, BackendError, CheckpointError, OperatorError, RunDirError, DataError,
-                   UsageFailure)
+                   UsageFailure, ExplainError)
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -126,7 +127,8 @@ def _write_manifest(out: Path, flags_path: str, flags_text: str, sha: str, setti
 @app.command()
 def train(
     flags: Path = typer.Option(..., "--flags", help="Flag file (YAML)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (an existing run in it needs --overwrite)."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory to create (required to train; an existing "
+                                    "run in it needs --overwrite)."),
     steps: int | None = typer.Option(None, help="Gradient updates (overrides the flag file)."),
     seed: int | None = typer.Option(None, help="Run seed (overrides the flag file)."),
     device: str | None = typer.Option(None, help="auto, cpu or cuda (overrides the flag file)."),
@@ -137,18 +139,37 @@ def train(
     init_from: Path | None = typer.Option(None, "--init-from", help="Warm start: begin from this checkpoint's "
                                           "parameters; newly enabled plugins' at their init."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Batch size (overrides the flag file)."),
+    explain: bool = typer.Option(False, "--explain", help="Print the GPU execution plan of the update (every kernel "
+                                 "choice and why) for the flag file and batch size, then exit without training."),
+    gpu: str | None = typer.Option(None, "--gpu", help="With --explain: plan for this device, CAPABILITY:SMS (e.g. "
+                                   "90:132 for an H200), where this machine has none."),
 ) -> None:
     """Train an agent with the plugins a flag file enables, then evaluate it on the test split."""
+    if out is None and not explain:
+        _fail("--out: a run directory is required to train (or give --explain)")
     try:
         f = load_flags(flags)
         settings = with_overrides(f.settings, steps=steps, seed=seed, device=device)
+        if batch_size is not None:
+            settings = RunSettings.model_validate(
+                {**settings.model_dump(), "train": {**settings.train.model_dump(), "batch_size": batch_size}})
         if data is not None:
             market = _data_market(settings, data, data_format, trades)
             settings = RunSettings.model_validate({**settings.model_dump(), "market": market.model_dump()})
-        problems = flag_data_lines(f, settings)
+        # the data's problems: against the flag file's lines, or as they are for --data's file
+        problems = flag_data_lines(f, settings) if data is None else [
+            msg for _, msg in validation.data_problems(settings)]
         if problems:
             raise OperatorError(problems)
         plugins = (f.registry or discover()).plugin_set(f.enabled)
+        if explain:
+            from .explain import plan_for
+            from .net.fused.record import explain as explain_text
+
+            out_console.print(explain_text(plan_for(settings, plugins, f.option_models, gpu)), highlight=False,
+                              markup=False, soft_wrap=True)
+            return
         with NewRun(out, overwrite) as run:  # nothing is left in --out unless the run starts
             try:
                 trainer = Trainer(settings, plugins, out, f.text, f.sha256, options=f.option_models,
@@ -180,9 +201,6 @@ def _data_market(settings: RunSettings, data: Path, fmt: str, trades: Path | Non
         raise UsageFailure(f"--format must be ohlcv or l1, not {fmt!r}")
     if (fmt == "l1") != (trades is not None):
         raise UsageFailure("--trades goes with --format l1 (and l1 needs it)")
-    for p in (data, trades):
-        if p is not None and not p.is_file():
-            raise UsageFailure(f"{p}: no such data file")
     keep = settings.market.model_dump(exclude={"source", "path", "trades_path", "format"})
     return type(settings.market).model_validate({**keep, **file_market(data, fmt, trades)})
 
@@ -249,7 +267,7 @@ def eval_cmd(
 
             settings = trainer.settings
             market = _data_market(settings, data, data_format, trades)
-            trainer.source = load_market(settings.model_copy(update={"market": market}))
+            trainer.source = load_market(settings.model_copy(update={"market": market}), for_training=False)
             trainer.market, trainer.splits = trainer.source.data, trainer.source.splits
             why = split_problem(len(trainer.market), market.train_fraction, market.val_fraction, None, split)
             if why is not None:

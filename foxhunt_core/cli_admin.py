@@ -4,7 +4,8 @@
 * ``foxhunt flags schema`` — JSON Schema of flag files (for editors);
 * ``foxhunt flags diff A B`` — what enabling, options and run settings change from A to B;
 * ``foxhunt flags stage N`` — the stage-N flag file of the installed plugins;
-* ``foxhunt plugins list`` — the installed plugins as a table (or ``--json``).
+* ``foxhunt plugins list`` — the installed plugins as a table (or ``--json``);
+* ``foxhunt plugins new NAME`` — a new plugin distribution from templates (:mod:`.scaffold`).
 
 Every error is printed as one line per problem on stderr (``file:line: path: message`` for flag
 files, ``plugin 'name': reason`` for plugins) and exits with code 2; nothing is written then.
@@ -25,9 +26,11 @@ from .cli_support import flag_data_lines
 from .config import RunSettings
 from .flags import FlagError, Flags, diff_flags, json_schema, load_flags, stage_text
 from .plugins import PluginError, Registry, discover
+from .scaffold import HOOKS, ScaffoldError, new_plugin
 
 flags_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Validate, compare and generate flag files.")
-plugins_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect the installed plugins.")
+plugins_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="Inspect the installed plugins; start a new one.")
 
 
 def _errors(lines: str) -> None:
@@ -167,3 +170,20 @@ def list_plugins(
     if reg.problems:
         _errors("\n".join(reg.problem_lines()))
         raise typer.Exit(2)
+
+
+@plugins_app.command("new")
+def new(
+    name: str = typer.Argument(..., help="Plugin name (the entry-point name; package foxhunt_NAME)."),
+    hook: str = typer.Option("post_attention", "--hook", help=f"The hook it implements: {', '.join(HOOKS)}."),
+    directory: Path | None = typer.Option(None, "--dir", help="Directory of the new distribution (absent or "
+                                          "empty; default: NAME with dashes, here)."),
+) -> None:
+    """Write a working plugin distribution: manifest, options, stage and twin, kernel, tests."""
+    try:
+        path, position = new_plugin(name, hook, directory)
+    except ScaffoldError as exc:
+        _errors(str(exc))
+        raise typer.Exit(2) from None
+    typer.echo(f"{path}: plugin {name!r} ({hook}, rollout position {position}); next: "
+               f"pip install -e {path} && python -m pytest {path}")

@@ -99,8 +99,12 @@ def pre_attention(ctx: BuildContext) -> PreAttentionStage | None:
 def post_attention(ctx: BuildContext) -> PostAttentionStage | None:
     """Return a differentiable stage applied to coordinated Q [B, A] after attention.
 
-    Stages run in plugin order; their parameters are trained by the auxiliary coordinated-Q
-    loss. Used by: graph message passing, then diffusion refinement.
+    Stages run in plugin order; each receives :class:`~foxhunt_core.stages.PostInputs`: the Q of
+    the stage before it (the attention's output for the first) and, beside it, Var[Q] [B, A] of
+    the raw atom distributions. Var is a constant of the stage (no gradient flows through it; the
+    network learns from the C51 loss). Their parameters are trained by the auxiliary
+    coordinated-Q loss; ``backward`` returns the gradient of its input Q and of its parameters.
+    Used by: graph message passing, then diffusion refinement.
     """
 
 

@@ -9,6 +9,7 @@ consumes (:mod:`foxhunt_core.signals`). The core checks every claim
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ _DIMENSIONS = {
     "adv_h": lambda s: s.net.adv_h,
     "attn_dim": lambda s: s.net.attn_dim,
 }
+# NetSettings.branch_sizes has four entries (direction, magnitude, order, urgency).
+_DIMENSIONS.update({f"branch_size_{d}": (lambda s, d=d: int(s.net.branch_sizes[d])) for d in range(4)})
+OPTION_DIM = re.compile(r"^options\.([a-z_][a-z0-9_]*)$")
+"""A shape entry ``options.NAME`` is the plugin's integer option ``NAME`` (e.g. a hidden width)."""
 
 
 class _Frozen(BaseModel):
@@ -58,7 +63,8 @@ class ParamSpec(_Frozen):
 
     name: str = Field(description="Tensor name inside the plugin's parameter sub-tree.")
     shape: tuple[int | str, ...] = Field(
-        description=f"Shape; a string entry names a run dimension ({', '.join(_DIMENSIONS)})."
+        description=f"Shape; a string entry names a run dimension ({', '.join(_DIMENSIONS)}) or, as "
+        "'options.NAME', an integer option of the plugin."
     )
     description: str = Field(description="What the tensor is.")
 
@@ -66,16 +72,34 @@ class ParamSpec(_Frozen):
     @classmethod
     def _known_dims(cls, shape: tuple[int | str, ...]) -> tuple[int | str, ...]:
         for d in shape:
-            if isinstance(d, str) and d not in _DIMENSIONS:
-                raise ValueError(f"unknown dimension {d!r} (known: {', '.join(_DIMENSIONS)})")
+            if isinstance(d, str) and d not in _DIMENSIONS and not OPTION_DIM.match(d):
+                raise ValueError(f"unknown dimension {d!r} (known: {', '.join(_DIMENSIONS)}, options.NAME)")
             if isinstance(d, int) and d < 1:
                 raise ValueError(f"dimension {d} must be positive")
         return shape
 
-    def size(self, settings: RunSettings) -> int:
-        n = 1
+    def resolve(self, settings: RunSettings, options: Any = None) -> tuple[int, ...]:
+        """The shape in numbers for a run's settings and the plugin's options (model or dict)."""
+        out = []
         for d in self.shape:
-            n *= _DIMENSIONS[d](settings) if isinstance(d, str) else d
+            if isinstance(d, int):
+                out.append(d)
+                continue
+            m = OPTION_DIM.match(d)
+            if m is None:
+                out.append(_DIMENSIONS[d](settings))
+                continue
+            opts = options if isinstance(options, dict) else dict(options or {})
+            v = opts.get(m.group(1))
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"parameter {self.name!r}: shape entry {d!r} is {v!r}, not a positive integer")
+            out.append(v)
+        return tuple(out)
+
+    def size(self, settings: RunSettings, options: Any = None) -> int:
+        n = 1
+        for d in self.resolve(settings, options):
+            n *= d
         return n
 
 
@@ -123,9 +147,11 @@ class PluginManifest(BaseModel):
         "a run warm-started from a checkpoint without it has the checkpoint's coordinated Q at step 0 "
         "(foxhunt_core.warmstart).")
 
-    def parameter_count(self, settings: RunSettings | None = None) -> int:
+    def parameter_count(self, settings: RunSettings | None = None, options: Any = None) -> int:
+        """Parameters the plugin adds for ``settings`` and ``options`` (defaults: the defaults)."""
         s = settings or RunSettings()
-        return sum(p.size(s) for p in self.parameters)
+        opts = self.options() if options is None else options
+        return sum(p.size(s, opts) for p in self.parameters)
 
     def kernel_names(self) -> list[str]:
         return [f for k in self.kernels for f in k.functions]
@@ -166,6 +192,48 @@ def position_problems(name: str, position: int) -> list[str]:
     return []
 
 
+def parameter_spec_problems(m: PluginManifest) -> list[str]:
+    """Declared parameters that name an option the options model lacks, or repeat a name."""
+    out, seen = [], set()
+    fields = getattr(m.options, "model_fields", {})
+    for p in m.parameters:
+        if p.name in seen:
+            out.append(f"parameter {p.name!r} is declared twice")
+        seen.add(p.name)
+        for d in p.shape:
+            g = OPTION_DIM.match(d) if isinstance(d, str) else None
+            if g is not None and g.group(1) not in fields:
+                out.append(f"parameter {p.name!r}: shape entry {d!r} names no option of the options model")
+    return out
+
+
+def parameter_mismatches(m: PluginManifest, actual: Any, settings: RunSettings, options: Any = None) -> list[str]:
+    """How the tensors a plugin's stage created (``actual``: name -> array) differ from what its
+    manifest declares for these settings and options: names, shapes, count. Empty: they agree."""
+    opts = m.options() if options is None else options
+    try:
+        declared = {p.name: p.resolve(settings, opts) for p in m.parameters}
+    except ValueError as exc:
+        return [str(exc)]
+    got = {k: tuple(int(n) for n in getattr(v, "shape", ())) for k, v in (actual or {}).items()}
+    out = []
+    missing, extra = sorted(set(declared) - set(got)), sorted(set(got) - set(declared))
+    if missing:
+        out.append(f"declares parameters its stage does not create: {missing}")
+    if extra:
+        out.append(f"its stage creates parameters the manifest does not declare: {extra}")
+    for k in sorted(set(declared) & set(got)):
+        if declared[k] != got[k]:
+            out.append(f"parameter {k!r} has shape {got[k]}, the manifest declares {declared[k]}")
+    n_decl, n_got = sum(math.prod(s) for s in declared.values()), sum(math.prod(s) for s in got.values())
+    if n_decl != n_got:  # (names and shapes agree only when the counts do)
+        out.append(f"{n_got} parameters created, {n_decl} declared")
+    return out
+
+
+_BOUNDS = r"__launch_bounds__\s*\([^)]*\)\s*"
+
+
 def kernel_problems(spec: KernelSpec) -> list[str]:
     """A missing .cu file, or a declared kernel the file does not define."""
     try:
@@ -174,7 +242,7 @@ def kernel_problems(spec: KernelSpec) -> list[str]:
         return [f"kernel source {spec.path} cannot be read ({exc.strerror})"]
     out = []
     for fn in spec.functions:
-        if not re.search(rf'extern\s+"C"\s+__global__\s+void\s+{re.escape(fn)}\s*\(', src):
+        if not re.search(rf'extern\s+"C"\s+__global__\s+(?:{_BOUNDS})?void\s+(?:{_BOUNDS})?{re.escape(fn)}\s*\(', src):
             out.append(f"kernel {fn!r} is not defined in {spec.path.name}")
     return out
 

@@ -35,6 +35,8 @@ from .manifest import (
     PluginManifest,
     kernel_problems,
     options_model_problems,
+    parameter_mismatches,
+    parameter_spec_problems,
     position_problems,
     version_satisfies,
 )
@@ -105,6 +107,28 @@ class PluginSet:
     def broadcast(self, hook: str, **kwargs: Any) -> None:
         """Call every implementation of ``hook`` in rollout order."""
         self.ordered(hook, **kwargs)
+
+    def check_parameters(self, tree: Mapping[str, Mapping[str, Any]], settings: Any,
+                         options: Mapping[str, Any] | None = None) -> None:
+        """Raise :class:`PluginError` (one line per problem, naming the plugin) where the tensors
+        the stages of a plugin created (``tree[name]``: post-attention, gate and branch-input
+        stages alike) differ from its manifest's ``parameters`` for these settings and options.
+        Plugins loaded without a manifest (embedding, tests) are not checked."""
+        lines = []
+        for p in self.plugins:
+            if p.manifest is None:
+                continue
+            opts = (options or {}).get(p.name)
+            if opts is None or isinstance(opts, dict):
+                try:
+                    opts = p.manifest.options.model_validate(opts or {})
+                except ValidationError as exc:
+                    lines.append(f"plugin {p.name!r}: options: {exc.errors()[0]['msg']}")
+                    continue
+            lines += [f"plugin {p.name!r}: {why}"
+                      for why in parameter_mismatches(p.manifest, tree.get(p.name, {}), settings, opts)]
+        if lines:
+            raise PluginError("\n".join(lines))
 
 
 # ----------------------------------------------------------------------------- filters
@@ -255,6 +279,7 @@ def validate_plugin(name: str, obj: Any) -> tuple[PluginManifest | None, list[st
     if undeclared:
         problems.append(f"implements hooks its manifest does not declare: {undeclared}")
     problems += options_model_problems(m.options)
+    problems += parameter_spec_problems(m)
     for k in m.kernels:
         problems += kernel_problems(k)
     if m.requires.core and not version_satisfies(__version__, m.requires.core):

@@ -7,7 +7,8 @@ by happens here, in this order:
    The raw Q-mean (and its drift) is read here, before any stage can change it.
 2. ``pre_attention`` stages, in plugin order (not differentiated).
 3. the cross-branch attention (:mod:`foxhunt_core.attention`).
-4. ``post_attention`` stages, in plugin order -> **coordinated Q**.
+4. ``post_attention`` stages, in plugin order, each reading Q and Var[Q] (a constant)
+   -> **coordinated Q**.
 5. selection values: coordinated Q, unless an ``action_select`` stage supplies them (in
    evaluation only where the stage says ``in_evaluation``).
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from . import attention
 from .net.layers import _xp
-from .stages import ActionSelectStage, PostAttentionStage, PreAttentionStage, SelectInputs
+from .stages import ActionSelectStage, PostAttentionStage, PostInputs, PreAttentionStage, SelectInputs
 
 Array = Any
 
@@ -52,6 +53,7 @@ class QPipeline:
         pre: list[PreAttentionStage] | tuple = (),
         post: list[PostAttentionStage] | tuple = (),
         select: ActionSelectStage | None = None,
+        attention: Any = attention,
     ) -> None:
         self.pre = tuple(pre)
         self.post = tuple(post)
@@ -59,6 +61,7 @@ class QPipeline:
             raise TypeError(f"action-select stage {getattr(select, 'name', select)!r} must say in_evaluation "
                             "(True or False: whether greedy evaluation chooses by its values too)")
         self.select = select
+        self.attention = attention  # forward/backward of the attention (the step's: array ops or its kernels)
 
     def forward(
         self, params: dict[str, dict], probs: Array, z: Array, keep_cache: bool = False,
@@ -72,28 +75,32 @@ class QPipeline:
         for st in self.pre:
             q = st.forward(xp, q)
         caches = []
-        q, c = attention.forward(params["core"], q)
+        q, c = self.attention.forward(params["core"], q)
         caches.append(c)
+        if self.post and q_var is None:
+            raise ValueError("post-attention stages read Var[Q]: pass q_var or the atom probabilities")
         for st in self.post:
-            q, c = st.forward(xp, params.get(st.name, {}), q)
+            q, c = st.forward(xp, params.get(st.name, {}), PostInputs(q, q_var))
             caches.append(c)
         return QOut(q_raw, q_var, q, caches if keep_cache else [])
 
     def backward(self, params: dict[str, dict], out: QOut, dq_coord: Array,
                  grads_into: dict[str, dict] | None = None) -> dict[str, dict]:
         """Gradients of attention (under ``core``) and of every post-attention stage;
-        ``grads_into`` (views of a flat gradient buffer, GPU path) receives the attention's."""
+        ``grads_into`` (views of a flat gradient buffer, GPU path) is offered to the attention
+        and to each stage (under its name), which may write their gradients into it."""
         if not out.caches:
             raise ValueError("backward needs a forward pass run with keep_cache=True")
         xp = _xp(dq_coord)
         grads: dict[str, dict] = {}
         dq = dq_coord
         for st, c in zip(reversed(self.post), reversed(out.caches[1:])):
-            dq, g = st.backward(xp, params.get(st.name, {}), c, dq)
+            slots = (grads_into or {}).get(st.name)
+            dq, g = st.backward(xp, params.get(st.name, {}), c, dq, grads_into=slots)
             if st.name in params:
                 grads[st.name] = g
-        _, grads["core"] = attention.backward(params["core"], out.caches[0], dq,
-                                              grads_into=(grads_into or {}).get("core"))
+        _, grads["core"] = self.attention.backward(params["core"], out.caches[0], dq,
+                                                   grads_into=(grads_into or {}).get("core"))
         return grads
 
     def selects(self, evaluation: bool = False) -> bool:

@@ -102,6 +102,14 @@ class PreAttentionStage(Protocol):
     def forward(self, xp: Any, q: Array) -> Array: ...
 
 
+@dataclass(frozen=True)
+class PostInputs:
+    """What a post-attention stage reads: Q and, beside it, the variance of the raw atoms."""
+
+    q: Array  # [B, A] coordinated Q so far (after attention and the earlier post-attention stages)
+    var: Array  # [B, A] Var[Q] of the atom distributions; a constant: no gradient flows into it
+
+
 @runtime_checkable
 class PostAttentionStage(Protocol):
     """Transforms coordinated Q [B, A] after attention; trained by the auxiliary Q loss."""
@@ -110,9 +118,18 @@ class PostAttentionStage(Protocol):
 
     def init_params(self, rng: np.random.Generator) -> Params: ...
 
-    def forward(self, xp: Any, params: Params, q: Array) -> tuple[Array, Any]: ...
+    def forward(self, xp: Any, params: Params, inputs: PostInputs) -> tuple[Array, Any]:
+        """The new Q [B, A] from ``inputs``; returns ``(q, cache)``."""
 
-    def backward(self, xp: Any, params: Params, cache: Any, dq: Array) -> tuple[Array, Params]: ...
+    def backward(
+        self, xp: Any, params: Params, cache: Any, dq: Array, grads_into: Params | None = None
+    ) -> tuple[Array, Params]:
+        """``(d inputs.q, grads)`` from the gradient ``dq`` of the stage's output.
+
+        ``grads_into``, when given (the fused GPU update), holds preallocated float32 arrays keyed
+        like ``params`` (views of the optimizer's flat gradient buffer); a stage may write its
+        gradients into them and return them, which spares the optimizer a copy per tensor.
+        """
 
 
 @dataclass(frozen=True)

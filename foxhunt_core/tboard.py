@@ -9,9 +9,7 @@ run. Tags:
 * ``<split>/<policy>/<metric>`` — evaluation metrics: ``val/...`` at every selection check,
   ``test/...`` (or the split evaluated) when the run is evaluated.
 
-A run without a directory, or with ``train.tensorboard: false``, writes nothing. The event file
-is opened at the first record, so a command refused before it records anything (a ``resume``
-of a damaged checkpoint) leaves the run directory as it was.
+A run without a directory, or with ``train.tensorboard: false``, writes nothing.
 """
 
 from __future__ import annotations
@@ -26,17 +24,19 @@ class Board:
     """A tensorboardX writer that a run feeds its records and evaluations."""
 
     def __init__(self, out_dir: Path | None, enabled: bool) -> None:
-        self.writer: Any = None
+        # The writer (and its event file) is made at the first event, not here: a run that is
+        # refused while it is built (a damaged checkpoint, say) leaves its directory untouched.
         self._logdir = str(out_dir) if out_dir is not None and enabled else None
+        self._writer: Any = None
         self._last: tuple[float, int] | None = None
 
-    def _open(self) -> bool:
-        """Open the event file at the first record; whether there is one to write to."""
-        if self.writer is None and self._logdir is not None:
+    @property
+    def writer(self) -> Any:
+        if self._writer is None and self._logdir is not None:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(logdir=self._logdir, flush_secs=30)
-        return self.writer is not None
+            self._writer = SummaryWriter(logdir=self._logdir, flush_secs=30)
+        return self._writer
 
     def _scalar(self, tag: str, value: Any, step: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
@@ -45,7 +45,7 @@ class Board:
 
     def stats(self, record: dict[str, Any]) -> None:
         """One Q-statistics record (keyed by its ``step``) and the interval's update rate."""
-        if not self._open():
+        if self._logdir is None:
             return
         step = int(record["step"])
         for key, value in record.items():
@@ -62,7 +62,7 @@ class Board:
         self._last = (now, step)
 
     def evaluation(self, split: str, table: dict[str, dict[str, float]], step: int) -> None:
-        if not self._open():
+        if self._logdir is None:
             return
         for policy, row in table.items():
             for metric, value in row.items():
@@ -71,7 +71,7 @@ class Board:
 
     def close(self) -> None:
         self._logdir = None  # nothing is written after close
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
-            self.writer = None
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

@@ -11,6 +11,8 @@ A run directory holds::
                       selected on the validation split (foxhunt_core.selection)
     events.out.tfevents.*  TensorBoard event files (foxhunt_core.tboard; train.tensorboard)
     .foxhunt.lock     the flock of the process writing the directory (foxhunt_core.runlock)
+    gpu_plan.json     on the GPU: the execution plan of the update, every kernel choice and why
+                      (foxhunt_core.net.fused.record; `foxhunt train --explain` prints the same)
     gemm_tuning.json  on the GPU with train.gemm_autotune: the GEMM algorithms chosen (atomic,
                       beside each checkpoint); a run started in this directory again (resume)
                       reads it back before its first GEMM, so it repeats the same algorithms.
@@ -70,6 +72,7 @@ from .tboard import Board
 CHECKPOINT = "checkpoint.safetensors"
 GEMM_TUNING = "gemm_tuning.json"
 EVAL_COLUMNS = ("total_return", "sharpe", "volatility", "max_drawdown", "turnover")
+GPU_PLAN = "gpu_plan.json"
 
 
 class Trainer:
@@ -103,6 +106,7 @@ class Trainer:
         self.market, self.splits = self.source.data, self.source.splits
         acting = settings.model_copy(update={"env": self.source.env})  # with the market's costs
         self.agent = Agent(settings, self.plugins, self.xp, g_init, options=self.options)
+        self._record_plan()
         nb = self.agent.num_branches
         t = settings.train
         sel = settings.select
@@ -136,6 +140,20 @@ class Trainer:
         self.steady_updates_per_second: float | None = None  # of the last train() call (see there)
         self.graphed: Any = None
         self._clock: Stopwatch | None = None  # while train() runs
+
+    def _record_plan(self) -> None:
+        """The GPU step's execution plan into the run directory, and each plugin stage on its slow
+        path said once in the log."""
+        plan = self.agent.plan
+        if plan is None:
+            return
+        from .net.fused.record import to_dict
+
+        if self.out_dir is not None:
+            atomic_write_text(self.out_dir / GPU_PLAN, json.dumps(jsonable(to_dict(plan)), indent=1))
+        for st in plan.stages:
+            if st.path == "slow":
+                self.log.event("slow_path", hook=st.hook, stage=st.name, why=st.why)
 
     @property
     def env_steps(self) -> int:

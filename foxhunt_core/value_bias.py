@@ -101,11 +101,9 @@ def taken_values(agent: Any, obs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarr
     the raw and of the coordinated expected Q of those actions [B]."""
     xp = agent.xp
     x = xp.asarray(obs, dtype=xp.float32)
-    wanted = ("probs", "q", "var") if agent.qpipe.select is not None else ("q",)
-    out = agent.net.forward(agent.online, x, outputs=wanted)
-    q = agent.qpipe.forward(agent.online, out.probs, agent.z, q_raw=out.q, q_var=out.var)
-    actions = branch_argmax(agent.qpipe.selection_values(out.probs, agent.z, q, 1.0), agent.offsets)
-    idx = actions + agent.branch_base
+    out, q = agent.step.acting(x, evaluation=True)
+    actions = branch_argmax(agent.qpipe.selection_values(out.probs, agent.z, q, 1.0, evaluation=True), agent.offsets)
+    idx = actions + agent.step.branch_base
     raw = xp.take_along_axis(q.q_raw, idx, axis=1).mean(axis=1)
     coord = xp.take_along_axis(q.q_coord, idx, axis=1).mean(axis=1)
     return backend.to_numpy(actions), backend.to_numpy(raw), backend.to_numpy(coord)

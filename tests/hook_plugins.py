@@ -39,18 +39,22 @@ class TanhGatePlugin:
 
 
 class AffinePostStage:
-    """q' = q * (1 + a) + b with trained per-action vectors a, b (both start at 0)."""
+    """q' = q * (1 + a) + b + c * var with trained per-action vectors a, b, c (all start at 0);
+    ``var`` (Var[Q]) is a constant of the stage: no gradient flows into it."""
 
     name = "affine_post"
 
     def init_params(self, rng):
-        return {"a": np.zeros(12), "b": np.zeros(12)}
+        return {"a": np.zeros(12), "b": np.zeros(12), "c": np.zeros(12)}
 
-    def forward(self, xp, params, q):
-        return q * (1.0 + params["a"]) + params["b"], q
+    def forward(self, xp, params, inputs):
+        q, var = inputs.q, inputs.var
+        return q * (1.0 + params["a"]) + params["b"] + params["c"] * var, (q, var)
 
-    def backward(self, xp, params, cache, dq):
-        return dq * (1.0 + params["a"]), {"a": (dq * cache).sum(axis=0), "b": dq.sum(axis=0)}
+    def backward(self, xp, params, cache, dq, grads_into=None):
+        q, var = cache
+        grads = {"a": (dq * q).sum(axis=0), "b": dq.sum(axis=0), "c": (dq * var).sum(axis=0)}
+        return dq * (1.0 + params["a"]), grads
 
 
 class AffinePostPlugin:

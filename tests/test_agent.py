@@ -44,6 +44,7 @@ def test_full_objective_gradient(names):
     if "affine_post" in agent.online:
         agent.online["affine_post"]["a"][:] = rng.normal(size=12) * 0.3
         agent.online["affine_post"]["b"][:] = rng.normal(size=12) * 0.3
+        agent.online["affine_post"]["c"][:] = rng.normal(size=12) * 0.3
     agent.sync_target()
     agent.target["core"]["value.b"] += 0.3  # target differs from online
     batch = _batch(rng)

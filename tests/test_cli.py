@@ -1,6 +1,7 @@
 """The foxhunt command line, run as a user runs it (the installed console script)."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def foxhunt(*args, check=True):
     exe = shutil.which("foxhunt", path=str(Path(sys.executable).parent))
     cmd = [exe] if exe else [sys.executable, "-m", "foxhunt_core.cli"]
     res = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=600,
-                         env={"OPENBLAS_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "COLUMNS": "200"})
     if check and res.returncode != 0:
         raise AssertionError(f"exit {res.returncode}\nstdout:{res.stdout}\nstderr:{res.stderr}")
     return res
@@ -93,7 +94,6 @@ def test_unreadable_checkpoint_exits_2(tmp_path):
 
 
 def test_cuda_without_gpu_is_a_clear_error(trained, tmp_path):
-    pytest.importorskip("numpy")
     from foxhunt_core.backend import cuda_available
 
     if cuda_available():
@@ -129,3 +129,26 @@ def test_eval_on_an_ohlcv_bar_file(trained, tmp_path):
     res = foxhunt("eval", out, "--data", bad, check=False)
     assert res.returncode == 2 and str(bad) in res.stderr and "volume" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_explain_prints_the_gpu_plan_for_a_given_device_without_training(tmp_path):
+    flags = tmp_path / "tiny.yaml"
+    flags.write_text(TINY_RUN)
+    res = foxhunt("train", "--flags", flags, "--explain", "--gpu", "90:132", "--batch-size", "4096")
+    assert res.stdout.startswith("GPU execution plan: compute capability 9.0, 132 SMs, TF32 on, batch 4096")
+    # (the tiny network's adv_h 12 is no multiple of glu_gemm's tile: cuBLAS and glu_forward, said so)
+    assert "adv_h 12 is not a multiple of the 128-column tile" in res.stdout
+    assert "4096 rows > stack_max_rows 1024" in res.stdout
+    assert list(tmp_path.iterdir()) == [flags]  # nothing trained, nothing written
+
+
+def test_explain_says_why_it_cannot_plan_and_exits_2(tmp_path):
+    flags = tmp_path / "tiny.yaml"
+    flags.write_text(TINY_RUN)  # device: cpu
+    res = foxhunt("train", "--flags", flags, "--explain", check=False)
+    assert res.returncode == 2 and "device: cpu" in res.stderr and "--gpu CAPABILITY:SMS" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = foxhunt("train", "--flags", flags, "--explain", "--gpu", "hopper", check=False)
+    assert res.returncode == 2 and "--gpu: device 'hopper': expected CAPABILITY:SMS" in res.stderr
+    res = foxhunt("train", "--flags", flags, check=False)  # training needs its run directory
+    assert res.returncode == 2 and "--out" in res.stderr and "Traceback" not in res.stderr

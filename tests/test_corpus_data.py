@@ -170,4 +170,4 @@ def test_a_csv_with_a_byte_order_mark_is_read(copy, tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + _csv(GOOD).encode())
     res = invoke(["eval", copy, "--data", path])
     assert res.exit_code == 0, res.output
-    assert "buy_and_hold" in res.stdout
+    assert "evaluation on the test split (" in res.stdout

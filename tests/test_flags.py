@@ -18,6 +18,7 @@ from foxhunt_core.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = sorted((ROOT / "flags").glob("stage-*.yaml"))
+EXAMPLES = sorted((ROOT / "flags" / "examples").glob("*.yaml"))
 TINY_RUN = {
     "seed": 3, "device": "cpu", "market": {"bars": 4000}, "env": {"num_envs": 8, "episode_len": 64},
     "net": {"shared_h1": 16, "shared_h2": 16, "adv_h": 12, "num_atoms": 11, "attn_dim": 4},
@@ -62,6 +63,17 @@ def test_stage_file_builds_and_trains(path):
     assert tr.plugins.names == f.enabled and len(tr.history) == 2
     if "q_mean_center" in f.enabled:
         assert tr.agent.stage_owners["pre_attention"] == ["q_mean_center"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_file_is_an_ab_arm_of_stage_0s_run_and_trains(path):
+    """The examples are A/B arms: stage 0's run block, the plugins they name, and they train."""
+    f = load_flags(path)
+    assert f.raw_run == load_flags(STAGES[0]).raw_run, f"{path.name}: run block differs from stage 0"
+    settings = f.settings.model_validate({**f.settings.model_dump(), **{k: v for k, v in TINY_RUN.items()}})
+    tr = Trainer(settings, f.registry.plugin_set(f.enabled), None, options=f.option_models)
+    tr.train()
+    assert tr.plugins.names == f.enabled and len(tr.history) == 2
 
 
 # ----------------------------------------------------------------------------- validation

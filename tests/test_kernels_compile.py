@@ -2,9 +2,10 @@
 
 Runs on the CPU-only CI whenever ``nvcc`` is on PATH (skipped otherwise): one test per ``.cu``
 file, failing with the compiler's message. ``load_module`` prepends ``#define``s at run time; here
-the same defaults (``foxhunt_core.gpu.kernels.DEFAULT_DEFINES``) are prepended the same way.
-The kernels are compiled by NVRTC on the GPU machine, which has no system headers, so no source
-may ``#include`` one.
+the network's default sizes (``foxhunt_core.gpu.defines.DEFAULT_DEFINES``) are prepended the same
+way, and every other shared constant comes from ``kernels/defines.cuh``, the rendering of the table
+in ``foxhunt_core/gpu/defines.py`` that the wrappers read too. The kernels are compiled by NVRTC on
+the GPU machine, which has no system headers, so no source may ``#include`` one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from foxhunt_core.backend import ARCH_SPECIFIC
-from foxhunt_core.gpu.kernels import DEFAULT_DEFINES, GLU_BACKWARD_GEMM_DQ_COLS
+from foxhunt_core.gpu import defines
+from foxhunt_core.gpu.defines import DEFAULT_DEFINES
+from foxhunt_core.gpu.kernels import GLU_BACKWARD_GEMM_DQ_COLS
 from foxhunt_core.gpu.launch import branch_defines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,16 +75,17 @@ def test_update_kernels_compile_for_other_sizes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cu", SOURCES, ids=_rel)
 def test_sources_suit_nvrtc(cu: Path) -> None:
     """Only local includes (NVRTC has no system headers; load_module passes the kernel's folder as
-    an include path), and the #ifndef defaults agree with DEFAULT_DEFINES."""
-    src = cu.read_text()
-    includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', src, flags=re.M)
+    an include path)."""
+    includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', cu.read_text(), flags=re.M)
     missing = [h for h in includes if not (cu.parent / h).is_file()]
     assert not missing, f"{_rel(cu)} includes headers that are not beside it: {missing}"
-    texts = [src] + [(cu.parent / h).read_text() for h in includes]
-    for text in texts:
-        for name, value in re.findall(r"#ifndef (\w+)\s*\n\s*#define \1 ([^\n]+)", text):
-            if name in DEFAULT_DEFINES:
-                assert value.replace(" ", "") == DEFAULT_DEFINES[name], f"{_rel(cu)}: default of {name}"
+
+
+def test_the_kernels_shared_constants_are_the_tables() -> None:
+    """kernels/defines.cuh is the rendering of the table that the wrappers read
+    (``python -m foxhunt_core.gpu.defines`` writes it)."""
+    assert defines.HEADER.read_text() == defines.render_header(), "run python -m foxhunt_core.gpu.defines"
+    assert DEFAULT_DEFINES == {n: str(defines.TABLE[n].value) for n in defines.NETWORK}
 
 
 # linear_gemm.cu's dueling warps (heads_dueling) for the layouts of its GPU tests: eight lanes per
@@ -115,7 +119,7 @@ def test_glu_gemm_compiles_for_each_cluster_size_k_tail_and_ring(cluster: int, t
                                                                  tmp_path: Path) -> None:
     """glu_gemm.cu with and without TMA multicast (benchmarks/bench_kernels.py --glu-cluster), for
     each count of k steps in its last chunk (the wrapper's variants by K) and with the rings and
-    staging buffers of kernels.glu_gemm_ring (stages, staged boxes, boxes per hand-off; and pv
+    staging buffers of kernels.GluGemmConfig (stages, staged boxes, boxes per hand-off; and pv
     through the staging buffer by TMA, GW_PV_TMA), through
     ptxas: its wgmma products must not be serialized (ptxas's C7520, which a wgmma under a
     run-time condition brings) and nothing may spill."""
@@ -154,88 +158,60 @@ def test_glu_backward_gemm_compiles_unserialized_without_spills(tail: int, nq: i
     assert len(spills) == 2 and all(n == "0" for n in spills), msgs
 
 
-def test_glu_backward_gemm_defaults_agree_with_its_wrapper() -> None:
-    """glu_backward_gemm.cu's tile, stages, parts, threads and argument record as the wrapper sizes
-    its launch."""
+def test_wrappers_size_their_launches_by_the_table() -> None:
+    """The tensor-core wrappers' tiles, stages, sets and threads are the table's entries (the
+    kernels read the same ones from defines.cuh), their argument records have the kernels' sizes
+    (TensorMaps of 128 bytes, LinearArgs 64-byte aligned), and their shared memory fits a Hopper
+    block's 227 KiB."""
     from foxhunt_core.gpu import kernels as K
 
-    src = (ROOT / "foxhunt_core" / "kernels" / "glu_backward_gemm.cu").read_text()
-    defaults = dict(re.findall(r"#define (GB_\w+) (\d+)\b", src))
-    assert int(defaults["GB_BH"]) == K.GLU_GEMM_COLS
-    assert int(defaults["GB_STAGES"]) == K.GLU_BACKWARD_GEMM_STAGES
-    assert int(defaults["GB_SETS"]) == K.GLU_BACKWARD_GEMM_SETS
-    assert int(defaults["GB_BH"]) // 32 == K.GLU_BACKWARD_GEMM_PARTS and "#define GB_PARTS (GB_BH / 32)" in src
-    assert "#define GB_THREADS (TC_THREADS + 64)" in src and K.GLU_GEMM_THREADS + 64 == K.GLU_BACKWARD_GEMM_THREADS
+    v = defines.value
+    assert (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS, K.GLU_GEMM_BOX_K) == (v("TC_BM"), v("GW_BH"), v("TC_BK"))
+    assert K.GLU_GEMM_THREADS == v("TC_THREADS") == 32 * v("TC_CONSUMER_WARPS") + 32
+    assert (K.GLU_GEMM_STAGES, K.GLU_GEMM_STAGED_BOXES, K.GLU_GEMM_STORE_BOXES, K.GLU_GEMM_CLUSTER) == (
+        v("GW_STAGES"), v("GW_STAGED_BOXES"), v("GW_STORE_BOXES"), v("GW_CLUSTER"))
+    assert (K.LINEAR_GEMM_COLS, K.LINEAR_GEMM_STAGES, K.LINEAR_GEMM_CLUSTER, K.LINEAR_GEMM_SETS) == (
+        v("LG_BN"), v("LG_STAGES"), v("LG_CLUSTER"), v("LG_BRANCHES"))
+    assert K.LINEAR_GEMM_DUELING_THREADS == K.GLU_GEMM_THREADS + 32 * K.LINEAR_GEMM_DUELING_WARPS
+    assert (K.HEADS_DUELING_LANES, K.HEADS_DUELING_BUDGET) == (v("DG_LANES"), v("DG_BUDGET"))
+    assert (K.GLU_BACKWARD_GEMM_SETS, K.GLU_BACKWARD_GEMM_STAGES, K.GLU_BACKWARD_GEMM_PARTS) == (
+        v("GB_SETS"), v("GB_STAGES"), v("GB_BH") // 32)
+    assert K.GLU_BACKWARD_GEMM_THREADS == K.GLU_GEMM_THREADS + 64
+    assert K.GLU_BACKWARD_GEMM_DQ_H == 2 * v("GB_BH")  # two column tiles: an exact sum
+    assert K.WGRAD_GEMM_ROWS == v("WG_N") + v("WG_NT") and K.WGRAD_GEMM_THREADS == K.GLU_GEMM_THREADS - 32 + 128
+    assert (K.WGRAD_SETS, K.WGRAD_GEMM_TX_STAGES, K.WGRAD_GEMM_STAGES) == (v("WT_SETS"), v("WT_STAGES"),
+                                                                        v("WG_STAGES"))
     assert K.GLU_BACK_ARGS.itemsize == (2 * K.GLU_BACKWARD_GEMM_SETS + 1) * 128  # sizeof(GluBackArgs)
-    assert K._glu_backward_gemm_smem() <= 227 * 1024
-    assert K.GLU_BACKWARD_GEMM_DQ_H == 2 * int(defaults["GB_BH"])  # two column tiles: an exact sum
-
-
-def test_wgrad_gemm_defaults_agree_with_its_wrapper() -> None:
-    """wgrad_gemm.cu's tile, boxes, stages and threads as the wrapper sizes its launch."""
-    from foxhunt_core.gpu import kernels as K
-
-    src = (ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu").read_text()
-    defaults = dict(re.findall(r"#define (W[GT]_\w+) (\d+)\b", src))
-    assert int(defaults["WG_N"]) + int(defaults["WG_NT"]) == K.WGRAD_GEMM_ROWS
-    assert int(defaults["WG_BOX_ROWS"]) == K.WGRAD_GEMM_BOX_ROWS
-    assert int(defaults["WG_STAGES"]) == K.WGRAD_GEMM_STAGES
-    assert "#define WG_THREADS (TC_THREADS - 32 + 128)" in src and K.GLU_GEMM_THREADS - 32 + 128 == K.WGRAD_GEMM_THREADS
-    assert K._wgrad_gemm_smem() <= 227 * 1024 and K._wgrad_gemm_tx_smem() <= 227 * 1024
-    assert int(defaults["WT_SETS"]) == K.WGRAD_SETS and int(defaults["WT_STAGES"]) == K.WGRAD_GEMM_TX_STAGES
     assert K.WGRAD_SETS_ARGS.itemsize == 2 * K.WGRAD_SETS * 128 and K.OUT_SETS.itemsize == 8 * K.WGRAD_SETS
-
-
-def test_glu_gemm_defaults_agree_with_its_wrapper() -> None:
-    """The kernel's tile, stages and cluster size as the wrapper sizes its launch and shared memory."""
-    from foxhunt_core.gpu import kernels as K
-
-    kdir = ROOT / "foxhunt_core" / "kernels"
-    src = "".join((kdir / f).read_text() for f in ("tc_gemm.cuh", "glu_gemm.cu", "linear_gemm.cu"))
-    defaults = dict(re.findall(r"#define ((?:GW|LG|TC)_\w+) (\d+)\b", src))
-    assert int(defaults["GW_STAGES"]) == K.GLU_GEMM_STAGES
-    assert int(defaults["GW_STAGED_BOXES"]) == K.GLU_GEMM_STAGED_BOXES
-    assert int(defaults["GW_STORE_BOXES"]) == K.GLU_GEMM_STORE_BOXES
-    assert int(defaults["GW_CLUSTER"]) == K.GLU_GEMM_CLUSTER
-    assert (int(defaults["TC_BM"]), int(defaults["GW_BH"])) == (K.GLU_GEMM_ROWS, K.GLU_GEMM_COLS)
-    assert 32 * int(defaults["TC_CONSUMER_WARPS"]) + 32 == K.GLU_GEMM_THREADS
-    assert int(defaults["TC_BK"]) == K.GLU_GEMM_BOX_K
-    assert int(defaults["GW_TAIL_STEPS"]) == K.GLU_GEMM_BOX_K // 8  # (the wrapper sets it from K)
-    # linear_gemm.cu: its tile, stages, cluster size and sets, and its argument record's size
-    assert int(defaults["LG_BN"]) == K.LINEAR_GEMM_COLS
-    assert int(defaults["LG_STAGES"]) == K.LINEAR_GEMM_STAGES
-    assert int(defaults["LG_CLUSTER"]) == K.LINEAR_GEMM_CLUSTER
-    assert int(defaults["LG_BRANCHES"]) == K.LINEAR_GEMM_SETS
     size = 3 * K.LINEAR_GEMM_SETS * 128 + 8 * K.LINEAR_GEMM_SETS  # sizeof(LinearArgs): maps, bias pointers
     assert K.LINEAR_ARGS.itemsize == -(-size // 64) * 64  # (__align__(64))
-    assert int(defaults["LG_DUELING_WARPS"]) == K.LINEAR_GEMM_DUELING_WARPS
-    row = (ROOT / "foxhunt_core" / "kernels" / "dueling_row.cuh").read_text()
-    assert int(re.search(r"#define DG_LANES (\d+)", row).group(1)) == K.HEADS_DUELING_LANES
-    assert int(re.search(r"#define DG_BUDGET (\d+)", row).group(1)) == K.HEADS_DUELING_BUDGET
-    assert K._linear_gemm_smem(dueling=True) <= 227 * 1024  # an H100/H200 block's most
-    assert K._linear_gemm_smem() <= 227 * 1024 and K._glu_gemm_smem() <= 227 * 1024
+    for smem in (K.GluBackwardGemmConfig().smem, K.WgradGemmConfig().smem, K.wgrad_gemm_tx_smem(),
+                 K.linear_gemm_smem(dueling=True), K.linear_gemm_smem(), K.GluGemmConfig().smem):
+        assert smem <= 227 * 1024
 
 
-def test_glu_gemm_ring_fits_shared_memory_or_refuses() -> None:
-    """kernels.glu_gemm_ring: the default, the three-stage ring and the rings the GPU tests build fit
-    a Hopper block's 227 KiB; a ring that would not, or a staging buffer that does not take whole
-    hand-offs, is refused and leaves the setting as it was."""
+def test_glu_gemm_configs_fit_shared_memory_or_refuse() -> None:
+    """GluGemmConfig: the default, the three-stage ring and the rings the GPU tests build fit a
+    Hopper block's 227 KiB; a ring that would not, or a staging buffer that does not take whole
+    hand-offs, is refused."""
     from foxhunt_core.gpu import kernels as K
 
-    default = K.glu_gemm_ring()
-    assert default == (4, 2, 1)
-    try:
-        for ring in [(3, 4, 4), (3, 4, 1), (4, 2, 2), (4, 1, 1), (4,), (3,)]:
-            K.glu_gemm_ring(*ring)
-            assert K._glu_gemm_smem() <= 227 * 1024
-        assert K.glu_gemm_ring() == (3, 4, 4)  # three stages alone: the whole tile's h at once
-        K.glu_gemm_ring(*default)
-        for bad in [(4, 4, 4), (5, 2, 1), (2, 2, 1), (4, 2, 4), (4, 3, 1)]:
-            with pytest.raises(ValueError, match="glu_gemm"):
-                K.glu_gemm_ring(*bad)
-            assert K.glu_gemm_ring() == default
-    finally:
-        K.glu_gemm_ring(*default)
+    default = K.GluGemmConfig()
+    assert (default.stages, default.staged_boxes, default.store_boxes, default.pv_tma) == (4, 2, 1, True)
+    for ring in [(3, 4, 4), (3, 4, 1), (4, 2, 2), (4, 1, 1), (4,), (3,)]:
+        assert K.GluGemmConfig.ring(*ring).smem <= 227 * 1024
+    three = K.GluGemmConfig.ring(3)
+    assert (three.stages, three.staged_boxes, three.store_boxes) == (3, 4, 4)  # the whole tile's h at once
+    assert K.GluGemmConfig.ring(4) == default
+    for bad in [(4, 4, 4), (5, 2, 1), (2, 2, 1), (4, 2, 4), (4, 3, 1)]:
+        with pytest.raises(ValueError, match="glu_gemm"):
+            K.GluGemmConfig.ring(*bad)
+    with pytest.raises(ValueError, match="glu_gemm"):
+        K.GluGemmConfig(cluster=3)
+    for cfg in (K.LinearGemmConfig(), K.WgradGemmConfig(), K.GluBackwardGemmConfig()):
+        assert cfg == type(cfg)()  # (frozen and comparable: a plan's knobs)
+    with pytest.raises(ValueError, match="wgrad_gemm"):
+        K.WgradGemmConfig(stages=5)
 
 
 @needs_nvcc

@@ -157,3 +157,39 @@ def test_select_stage_must_say_whether_it_applies_in_evaluation():
     del stage.in_evaluation
     with pytest.raises(TypeError, match="'shift_select' must say in_evaluation"):
         QPipeline(select=stage)
+
+
+def test_post_attention_stages_receive_var_beside_q_and_pass_slots_through():
+    from foxhunt_core import attention
+    from foxhunt_core.qpipe import QPipeline
+    from foxhunt_core.stages import PostInputs
+
+    seen = {}
+
+    class Probe:
+        name = "probe"
+
+        def forward(self, xp, params, inputs):
+            seen["inputs"] = inputs
+            return inputs.q * 2.0, None
+
+        def backward(self, xp, params, cache, dq, grads_into=None):
+            seen["slots"] = grads_into
+            return dq * 2.0, {}
+
+    rng = np.random.default_rng(3)
+    probs = rng.random((4, 12, 5))
+    probs /= probs.sum(-1, keepdims=True)
+    z = np.linspace(-1.0, 1.0, 5)
+    params = {"core": attention.init_params(12, 4, rng), "probe": {}}
+    pipe = QPipeline(post=[Probe()])
+    out = pipe.forward(params, probs, z, keep_cache=True)
+    q, var = expected_q(probs, z)
+    assert isinstance(seen["inputs"], PostInputs)
+    np.testing.assert_array_equal(seen["inputs"].var, var)
+    np.testing.assert_allclose(out.q_coord, 2.0 * seen["inputs"].q)
+    slots = {"probe": {"w": np.zeros(3)}}
+    pipe.backward(params, out, np.ones((4, 12)), grads_into=slots)
+    assert seen["slots"] is slots["probe"]
+    with pytest.raises(ValueError, match="read Var"):
+        pipe.forward(params, None, z, q_raw=q)

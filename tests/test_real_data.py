@@ -105,7 +105,8 @@ def test_bad_data_is_one_line_and_writes_nothing(tmp_path):
     assert res.stderr.strip() == f"{bad}: missing column 'volume' (found: timestamp, open, high, low, close)"
     assert not out.exists()
     res = foxhunt("train", "--flags", flags, "--out", out, "--data", tmp_path / "none.csv", check=False)
-    assert res.returncode == 2 and "no such data file" in res.stderr and not out.exists()
+    assert res.returncode == 2 and "none.csv: cannot read (No such file or directory)" in res.stderr
+    assert not out.exists()
     short = tmp_path / "short.csv"
     short.write_text(DATA.read_text().splitlines()[0] + "\n" + "\n".join(DATA.read_text().splitlines()[1:60]) + "\n")
     res = foxhunt("train", "--flags", flags, "--out", out, "--data", short, check=False)

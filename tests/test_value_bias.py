@@ -84,7 +84,7 @@ def test_the_predicted_value_is_the_raw_expected_q_of_the_taken_actions(trained)
     assert np.array_equal(actions, trained._act(obs))  # the greedy actions evaluation takes
     out = agent.net.forward(agent.online, obs)
     q, _ = expected_q(out.probs, agent.z)
-    idx = actions + agent.branch_base
+    idx = actions + agent.step.branch_base
     assert raw == pytest.approx(np.take_along_axis(q, idx, axis=1).mean(axis=1), rel=1e-5)
     qc = agent.qpipe.forward(agent.online, out.probs, agent.z).q_coord
     assert coord == pytest.approx(np.take_along_axis(qc, idx, axis=1).mean(axis=1), rel=1e-5)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from foxhunt_core.checkpoint import CheckpointError, load_checkpoint, unflatten
 from foxhunt_core.cli import app
 from foxhunt_core.config import RunSettings
-from foxhunt_core.manifest import PluginManifest
+from foxhunt_core.manifest import ParamSpec, PluginManifest
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.trainer import CHECKPOINT, Trainer
 from foxhunt_core.warmstart import RECORD, branch_rows, warm_start
@@ -33,6 +33,12 @@ def settings(**net):
 PLUGINS = {"center": CenterPlugin, "affine_post": AffinePostPlugin, "ofi_column": OfiColumnPlugin,
            "tanh_gate": TanhGatePlugin}
 IDENTITY = {"center": False, "affine_post": True, "ofi_column": True, "tanh_gate": False}
+PARAMS = {  # what each stand-in's stage creates, as its manifest must declare it
+    "center": (),
+    "affine_post": tuple(ParamSpec(name=k, shape=("num_actions",), description=k) for k in "abc"),
+    "ofi_column": (ParamSpec(name="w", shape=(1,), description="w"),),
+    "tanh_gate": tuple(ParamSpec(name=f"b{d}.slope", shape=("adv_h",), description="slope") for d in range(4)),
+}
 
 
 def plugin_set(names):
@@ -40,7 +46,7 @@ def plugin_set(names):
     for n in names:
         cls = PLUGINS[n]
         m = PluginManifest(name=n, version="0.0.1", position=cls.POSITION + 10, hooks=("q_stats",), options=NoOptions,
-                           starts_as_identity=IDENTITY[n])
+                           starts_as_identity=IDENTITY[n], parameters=PARAMS[n])
         out.append(LoadedPlugin(n, cls.POSITION, cls(), m))
     return PluginSet(out)
 
@@ -78,7 +84,8 @@ def test_a_component_that_starts_as_the_identity_keeps_the_good_stages_q_at_step
     assert np.array_equal(tr.agent.greedy(obs_batch()), before.agent.greedy(obs_batch()))
     if "ofi_column" in new:  # its columns read by rows of zeros in the branches it widens
         assert sorted(rec["widened"]) == sorted(f"core/branch{d}.{w}" for d in (2, 3) for w in ("w_gate", "w_val"))
-        assert rec["at_init"] == ["ofi_column/w"] + (["affine_post/a", "affine_post/b"] if "affine_post" in new else [])
+        assert rec["at_init"] == ["ofi_column/w"] + (
+            [f"affine_post/{k}" for k in "abc"] if "affine_post" in new else [])
     for owner, sub in tr.agent.target.items():  # the target starts as the online network
         for k, v in sub.items():
             assert np.array_equal(v, tr.agent.online[owner][k]), (owner, k)

@@ -1,8 +1,8 @@
 """What every launch wrapper shares: the kernel directory, the default compile-time sizes, the
 cached kernel lookup, output checks and grid sizes.
 
-Nothing here imports CuPy at import time (the CPU-only CI imports :data:`DEFAULT_DEFINES` to
-compile the ``.cu`` files with ``nvcc``).
+Nothing here imports CuPy at import time. The constants shared with the kernels come from the
+table in :mod:`.defines`.
 """
 
 from __future__ import annotations
@@ -14,24 +14,11 @@ from typing import Any
 import numpy as np
 
 from ..backend import check_array, load_module
+from .defines import DEFAULT_DEFINES, value
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
-# The compile-time sizes of the default network (NetSettings defaults). Every .cu file
-# #ifndef-defaults the same values, and tests/test_kernels_compile.py passes these as -D flags.
-DEFAULT_DEFINES: dict[str, str] = {
-    "NUM_ATOMS": "51",
-    "NUM_ACTIONS": "12",
-    "NUM_BRANCHES": "4",
-    "BRANCH_OFFSETS": "{0,3,6,9,12}",
-    "MAX_BRANCH_SIZE": "3",
-    "BRANCH_OF_ACTION": "{0,0,0,1,1,1,2,2,2,3,3,3}",
-    "ATTN_DIM": "8",
-    "ADV_COLUMNS": "{0,153,306,459,612}",
-    "V_COLUMNS": "51",
-}
-
-THREADS = 256  # threads per block of the grid-stride kernels
+THREADS = value("BLOCK_THREADS")  # threads per block of the grid-stride kernels
 MAX_PARTIALS = 1024  # most blocks of a multi-block reduction (rows of its partial sums)
 
 _FUNCS: dict[tuple[Any, ...], Any] = {}
@@ -108,7 +95,18 @@ def branch_defines(offsets: tuple[int, ...], num_atoms: int | None = None, head_
     n = int(defs.get("NUM_ATOMS", DEFAULT_DEFINES["NUM_ATOMS"]))  # the layout must fit the branches
     defs["ADV_COLUMNS"] = "{" + ",".join(str(c) for c in head_columns(offsets, n, head_align)) + "}"
     defs["V_COLUMNS"] = str(padded(n, head_align))
+    defs["DUELING_BLOCKS_PER_SM"] = str(dueling_blocks_per_sm(n, offsets))
     return defs
+
+
+def dueling_blocks_per_sm(num_atoms: int, offsets: Sequence[int]) -> int:
+    """Blocks of the two dueling row kernels (dueling.cu) resident per SM, which their
+    ``__launch_bounds__`` guarantee (DUELING_BLOCKS_PER_SM): from the floats a lane keeps per row
+    (a row's logits, exponentials and the next row's inputs, the sums of up to ten actions), so
+    that the registers this leaves each thread hold them without spilling."""
+    size = max(int(b) - int(a) for a, b in zip(offsets[:-1], offsets[1:]))
+    lane_floats = 3 * -(-int(num_atoms) // 32) * size + 3 * min(size, 10)
+    return 4 if lane_floats <= 27 else 3 if lane_floats <= 36 else 2 if lane_floats <= 60 else 1
 
 
 def output(kernel: str, name: str, a: Any, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:

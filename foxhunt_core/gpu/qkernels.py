@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import check_array
+from .defines import value
 from .launch import (
     MAX_PARTIALS,
     THREADS,
@@ -48,13 +49,13 @@ from .philox import split64
 Array = Any
 F32 = np.float32
 F64 = np.float64
-ATT_SLOTS = 16  # token slots per sample in attention.cu (so at most 16 actions)
-ATT_SAMPLES = 16  # samples per block in attention.cu (ATT_SLOTS * ATT_SAMPLES = 256 threads)
-# Blocks per SM that the kernels' __launch_bounds__ guarantee (ATT_FORWARD_BLOCKS, ATT_BACKWARD_BLOCKS)
-ATT_FORWARD_BLOCKS = 3
-ATT_BACKWARD_BLOCKS = 2
-ATT_REDUCE_THREADS = 1024  # attention_grad_reduce: 32 warps
-MAX_ATTN_DIM = 16
+ATT_SLOTS = value("ATT_SLOTS")  # token slots per sample in attention.cu (so at most 16 actions)
+ATT_SAMPLES = value("ATT_SAMPLES")  # samples per block in attention.cu
+# Blocks per SM that the kernels' __launch_bounds__ guarantee
+ATT_FORWARD_BLOCKS = value("ATT_FORWARD_BLOCKS")
+ATT_BACKWARD_BLOCKS = value("ATT_BACKWARD_BLOCKS")
+ATT_REDUCE_THREADS = 32 * value("ATT_REDUCE_WARPS")  # attention_grad_reduce
+MAX_ATTN_DIM = value("ATT_MAX_DIM")
 
 
 # ------------------------------------------------------------------ attention.cu

@@ -8,11 +8,12 @@ dependencies, so a captured update keeps the overlap.
 
 Usage::
 
-    with beside():   # ordered after everything queued so far on the current stream
-        ...          # work for the side stream
-    join()           # the current stream's later work waits for the side stream's
+    streams = SideStream()
+    with streams.beside():   # ordered after everything queued so far on the current stream
+        ...                  # work for the side stream
+    streams.join()           # the current stream's later work waits for the side stream's
 
-A buffer that the side stream reads must not be written by the main stream before :func:`join`
+A buffer that the side stream reads must not be written by the main stream before :meth:`SideStream.join`
 (the callers keep that). The side stream is one per device, made at first use (the update's
 warm-up runs before its capture), with its own cuBLAS workspaces (:mod:`.cublas`,
 :mod:`.cublaslt`).
@@ -25,18 +26,6 @@ from contextlib import contextmanager
 from typing import Any
 
 _side: dict[int, Any] = {}
-_enabled = True
-
-
-def set_enabled(enabled: bool) -> None:
-    """Queue the side stream's work on it (default), or in line on the current stream (for
-    comparison: ``benchmarks/bench_update.py``'s ``foxhunt 1 stream``)."""
-    global _enabled
-    _enabled = bool(enabled)
-
-
-def enabled() -> bool:
-    return _enabled
 
 
 def side_stream() -> Any:
@@ -50,24 +39,31 @@ def side_stream() -> Any:
     return s
 
 
-@contextmanager
-def beside() -> Iterator[Any]:
-    """Run the body's launches on the side stream, after the current stream's queued work."""
-    import cupy
+class SideStream:
+    """The side stream as the fused network uses it; ``enabled=False`` queues its work in line on
+    the current stream (the execution plan's ``side_stream``, off for comparison:
+    ``benchmarks/bench_update.py``'s ``foxhunt 1 stream``)."""
 
-    main = cupy.cuda.get_current_stream()
-    if not _enabled:
-        yield main
-        return
-    side = side_stream()
-    side.wait_event(main.record())
-    with side:
-        yield side
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
 
+    @contextmanager
+    def beside(self) -> Iterator[Any]:
+        """Run the body's launches on the side stream, after the current stream's queued work."""
+        import cupy
 
-def join() -> None:
-    """Make the current stream's later work wait for everything queued on the side stream."""
-    import cupy
+        main = cupy.cuda.get_current_stream()
+        if not self.enabled:
+            yield main
+            return
+        side = side_stream()
+        side.wait_event(main.record())
+        with side:
+            yield side
 
-    if _enabled:
-        cupy.cuda.get_current_stream().wait_event(side_stream().record())
+    def join(self) -> None:
+        """Make the current stream's later work wait for everything queued on the side stream."""
+        import cupy
+
+        if self.enabled:
+            cupy.cuda.get_current_stream().wait_event(side_stream().record())

@@ -13,7 +13,8 @@
 //                       p -= (lr / c1) m / (sqrt(v / c2) + eps)
 
 #define FULL_MASK 0xffffffffu
-#define SUMSQ_THREADS 256   // the wrapper launches 256 threads per block
+#include "defines.cuh"
+#define SUMSQ_THREADS BLOCK_THREADS  // the wrapper launches BLOCK_THREADS threads per block
 
 extern "C" __global__ void __launch_bounds__(SUMSQ_THREADS) grad_sumsq_partial(
     const float* __restrict__ grads,      // [n]

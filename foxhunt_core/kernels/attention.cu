@@ -38,20 +38,13 @@
 // attention_grad_reduce adds the rows in a fixed order and writes the four gradients.
 
 #include "sizes.cuh"
-#ifndef ATTN_DIM
-#define ATTN_DIM 8
-#endif
 
 #define A_ NUM_ACTIONS
 #define K_ ATTN_DIM
-#define ATT_SLOTS 16
-#define ATT_SAMPLES 16                          // samples per group: two per warp
+// ATT_SLOTS (threads per sample), ATT_SAMPLES (samples per group: two per warp), ATT_FORWARD_BLOCKS,
+// ATT_BACKWARD_BLOCKS (blocks per SM of __launch_bounds__), ATT_REDUCE_WARPS, ATT_MAX_DIM: defines.cuh
 #define ATT_THREADS (ATT_SLOTS * ATT_SAMPLES)   // the wrappers launch this many threads
 #define ATT_WARPS (ATT_THREADS / 32)
-// Blocks per SM that __launch_bounds__ guarantees (registers); the wrappers size the grids by them
-// (qkernels.py: ATT_FORWARD_BLOCKS, ATT_BACKWARD_BLOCKS).
-#define ATT_FORWARD_BLOCKS 3
-#define ATT_BACKWARD_BLOCKS 2
 #define ATT_P (A_ * A_ + 3 * A_ + 1)               // the block's sums
 #define ATT_G (A_ * K_ + 2 * (K_ + 1) * K_ + A_)   // a partial row: the four gradients
 #define FULL_MASK 0xffffffffu
@@ -59,7 +52,7 @@
 #define LN2_F 0.693147180559945309f
 
 static_assert(NUM_ACTIONS >= 1 && NUM_ACTIONS <= ATT_SLOTS, "attention kernels handle 1 to 16 actions");
-static_assert(ATTN_DIM >= 1 && ATTN_DIM <= 16, "attention kernels handle attn_dim 1 to 16");
+static_assert(ATTN_DIM >= 1 && ATTN_DIM <= ATT_MAX_DIM, "attention kernels handle attn_dim 1 to ATT_MAX_DIM");
 static_assert(ATT_SAMPLES % 2 == 0, "a warp holds two samples");
 
 // The sample-independent constants of the scores, times log2(e) / sqrt(k).
@@ -442,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_BACKWARD_BLOCKS) a
 // The gradients: entry p of [demb | dWq | dWk | dgate] = sum_k partials[k, p] in a fixed order. A
 // block of 32 warps takes 32 entries: lane = entry (coalesced loads), warp w adds the rows
 // k = w, w + 32, ..., then warp 0 adds the 32 sums.
-#define ATT_REDUCE_WARPS 32   // the wrapper launches 1024 threads
+// (ATT_REDUCE_WARPS: the wrapper launches 32 ATT_REDUCE_WARPS threads)
 extern "C" __global__ void __launch_bounds__(32 * ATT_REDUCE_WARPS) attention_grad_reduce(
     const double* __restrict__ partials,  // [num_partials, ATT_G]
     int num_partials,

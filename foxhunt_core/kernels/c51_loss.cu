@@ -33,15 +33,11 @@
 #define C51_APL ((NUM_ATOMS + 31) / 32)  // atoms per lane
 #define C51_LANES ((NUM_ATOMS + C51_APL - 1) / C51_APL)  // lanes that hold atoms
 #define C51_SLOTS (32 * C51_APL)
-#define C51_WARPS 8   // warps per block: the wrapper launches 256 threads
+#define C51_WARPS (BLOCK_THREADS / 32)  // warps per block: the wrapper launches BLOCK_THREADS
 // Blocks per SM that __launch_bounds__ guarantees (the wrapper launches 4 per SM): 64 registers;
 // past 64 atoms 80, which the longer per-lane arrays need to stay out of local memory.
 #define C51_BLOCKS_PER_SM (C51_APL <= 2 ? 4 : 3)
 #define FULL_MASK 0xffffffffu
-
-#ifndef ADV_COLUMNS
-#define ADV_COLUMNS {0, 153, 306, 459, 612}
-#endif
 
 // Branch boundaries and the advantage row's branch blocks, read only with dlogits_full or the
 // heads form (the wrapper then compiles with the layout).

@@ -4,8 +4,8 @@
 // "V + Adv - mean_a Adv"), foxhunt_core/net/layers.py (log_softmax) and
 // foxhunt_core/qpipe.py (expected_q). Launch wrappers: foxhunt_core/gpu/kernels.py.
 //
-// Compile-time sizes (load_module's #define preamble; the defaults below match
-// foxhunt_core.gpu.kernels.DEFAULT_DEFINES):
+// Compile-time sizes (load_module's #define preamble; defines.cuh's defaults, from the table in
+// foxhunt_core/gpu/defines.py, let the file compile on its own):
 //   NUM_ATOMS        N, atoms per distribution
 //   NUM_ACTIONS      A, actions over all branches
 //   NUM_BRANCHES     D
@@ -29,21 +29,11 @@
 
 #include "dueling_row.cuh"
 
-// Blocks of 256 threads per SM that __launch_bounds__ guarantees the two row kernels, from the
-// floats a lane keeps per row (a row's logits, exps and the next row's inputs, the sums of up to
-// SPREAD_ACTIONS actions): 64 registers for the default 51 atoms in branches of 3, then 80, 128
-// and 255 as they grow, so that no size spills to local memory. kernels.py (_dueling_grid)
-// launches as many.
-#define DUELING_LANE_FLOATS (3 * ATOMS_PER_LANE * MAX_BRANCH_SIZE + 3 * SPREAD_ACTIONS)
-#define DUELING_BLOCKS_PER_SM \
-    (DUELING_LANE_FLOATS <= 27 ? 4 : DUELING_LANE_FLOATS <= 36 ? 3 : DUELING_LANE_FLOATS <= 60 ? 2 : 1)
-
-#ifndef ADV_COLUMNS
-#define ADV_COLUMNS {0, 153, 306, 459, 612}
-#endif
-#ifndef V_COLUMNS
-#define V_COLUMNS 51
-#endif
+// DUELING_BLOCKS_PER_SM: blocks of 256 threads per SM that __launch_bounds__ guarantees the two row
+// kernels, from the floats a lane keeps per row (a row's logits, exps and the next row's inputs,
+// the sums of up to SPREAD_ACTIONS actions): 64 registers for the default 51 atoms in branches of
+// 3, then 80, 128 and 255 as they grow, so that no size spills to local memory. The launch passes
+// its layout's (foxhunt_core/gpu/launch.py: dueling_blocks_per_sm) and launches as many.
 
 __constant__ int kAdvColumns[NUM_BRANCHES + 1] = ADV_COLUMNS;
 __constant__ int kBranchOfAction[NUM_ACTIONS] = BRANCH_OF_ACTION;
@@ -65,7 +55,7 @@ struct DuelingPos {
 // 0 / 1 / 2 of (seg_wants >> 3 s) is set; every output is indexed by the row over all segments.
 // zq (optional, row pitch zq_pitch): the direction branch's (branch 0's) Q times zq_scale is
 // also written there: the magnitude branch's input columns in the augmented z.
-extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling_softmax_forward(
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, DUELING_BLOCKS_PER_SM) dueling_softmax_forward(
     const float* __restrict__ v,          // [B, V_COLUMNS], rows v_pitch apart
     int v_pitch,
     const float* __restrict__ adv,        // [B, c_D]
@@ -301,7 +291,7 @@ __device__ __forceinline__ void dueling_backward_rows(
 // Only branches [branch_begin, branch_end) are read and written; with accumulate_dv != 0 their
 // share of dv is added to dv instead of overwriting it (the network runs the magnitude branch's
 // backward before the direction branch's dq is known, so it calls this twice).
-extern "C" __global__ void __launch_bounds__(256, DUELING_BLOCKS_PER_SM) dueling_backward(
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, DUELING_BLOCKS_PER_SM) dueling_backward(
     const float* __restrict__ dlogits,    // [B, A, N]
     const float* __restrict__ dq,         // [B, ld_dq] or null (column a: action a's gradient)
     int ld_dq, float dq_scale,            // dq's row pitch; it is read times dq_scale

@@ -312,8 +312,7 @@ __device__ __forceinline__ void dueling_row(DuelingInputs& in, int lane, unsigne
 // exponentials within DG_BUDGET values per lane each (in registers beside the GEMM's consumers);
 // the wrapper refuses other layouts (foxhunt_core/gpu/kernels.py heads_dueling_supported, the twin:
 // branches of 13 or more actions with 9 to 12 atoms, or of 25 or more).
-#define DG_LANES 8
-#define DG_BUDGET 24
+// DG_LANES, DG_BUDGET: defines.cuh (through sizes.cuh)
 #define DG_ATOMS ((NUM_ATOMS + DG_LANES - 1) / DG_LANES)
 #define DG_FITS (MAX_BRANCH_SIZE * DG_ATOMS <= DG_BUDGET)
 

@@ -41,22 +41,15 @@
 #include "activation.cuh"
 #include "tc_gemm.cuh"
 
-#define GB_BH 128                                // GLU columns per tile: the wgmma's N
-#define GB_SETS 3                                // branches per launch, at most
-#ifndef GB_STAGES
-#define GB_STAGES 3
-#endif
-#ifndef GB_NQ
-#define GB_NQ 0                                  // dq's columns (0: no dq)
-#endif
-#ifndef GB_TAIL_STEPS
-#define GB_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
-#endif
+// GB_BH (GLU columns per tile: the wgmma's N), GB_SETS (branches per launch), GB_PARTS (the
+// staging buffer's parts: a gate box and its value box), GB_THREADS (+ a warp that loads pv and one
+// that stores its gradient), GB_NQ_MAX, and the variant settings GB_STAGES, GB_NQ (dq's columns, 0:
+// no dq), GB_TAIL_STEPS: defines.cuh
 #define GB_STAGE (TC_TILE_A + GB_BH * TC_BK * 4) // 16 KiB of dadv and 16 KiB of Wo per stage
-#define GB_PARTS (GB_BH / 32)                    // the staging buffer's parts: a gate box and its value box
 #define GB_BOX (TC_BM * 128)                     // 16 KiB: 32 columns x 128 rows
 #define GB_TILE_PV (2 * GB_PARTS * GB_BOX)       // 128 KiB (+ 3 stages: 224 KiB of the 227 a block may have)
-#define GB_THREADS (TC_THREADS + 64)             // + a warp that loads pv and one that stores its gradient
+static_assert(GB_PARTS == GB_BH / 32 && GB_THREADS == TC_THREADS + 64, "glu_backward_gemm's parts and warps");
+static_assert(GB_NQ >= 0 && GB_NQ <= GB_NQ_MAX, "dq takes up to GB_NQ_MAX columns");
 static_assert(GB_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
 
 // Every branch's tensor maps and pv's, passed by value (__grid_constant__): a captured graph keeps

@@ -45,37 +45,18 @@ __device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f,
 #include "activation.cuh"
 #include "tc_gemm.cuh"
 
-#define GW_BH 128                                // GLU columns per tile
-#ifndef GW_STAGES
-#define GW_STAGES 4
-#endif
-#ifndef GW_TAIL_STEPS
-#define GW_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
-#endif
-#ifndef GW_ROUND_H
-#define GW_ROUND_H 0                             // 1: h written rounded to TF32 (for TF32 GEMMs to read as it is)
-#endif
-#ifndef GW_CLUSTER
-#define GW_CLUSTER 2                             // CTAs per cluster: row tiles sharing one weight load
-#endif
+// GW_BH (GLU columns per tile) and the variant settings GW_STAGES, GW_TAIL_STEPS, GW_ROUND_H (h
+// written rounded to TF32), GW_CLUSTER (CTAs sharing one weight load), GW_STAGED_BOXES (boxes of
+// h the staging buffer holds), GW_STORE_BOXES (boxes per hand-off to the TMA unit), GW_PV_TMA (pv
+// out through the staging buffer by TMA; the wrapper sets it per call): defines.cuh
 #define GW_BR (GW_BH / GW_CLUSTER)               // gate (and value) rows of wt each CTA loads for all
 #define GW_TILE_B (2 * GW_BH * TC_BK * 4)        // 32 KiB of wt: the gate rows, then the value rows
 #define GW_STAGE (TC_TILE_A + GW_TILE_B)
-#ifndef GW_STAGED_BOXES
-#define GW_STAGED_BOXES 2                        // boxes of h (32 columns x 128 rows) the staging buffer holds
-#endif
-#ifndef GW_STORE_BOXES
-#define GW_STORE_BOXES 1                         // boxes written and handed to the TMA unit at a time
-#endif
 #define GW_BOXES (GW_BH / 32)                    // boxes of h per tile
 #define GW_TILE_H (GW_STAGED_BOXES * TC_BM * 128) // the staging buffer: all of a tile's h (64 KiB) or part, in turn
 static_assert(GW_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
 static_assert(GW_STAGED_BOXES % GW_STORE_BOXES == 0 && GW_BOXES % GW_STAGED_BOXES == 0,
               "the staging buffer takes whole hand-offs, the tile whole buffers");
-#ifndef GW_PV_TMA
-#define GW_PV_TMA 0                              // 1: pv leaves through the staging buffer by TMA too (map_pv;
-                                                 // the wrapper sets it per call)
-#endif
 
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
 glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ TensorMap map_wt,

@@ -46,34 +46,15 @@
 
 #include "activation.cuh"
 #include "tc_gemm.cuh"
-#ifndef LG_DUELING
-#define LG_DUELING 0                             // 1: the dueling forward in the epilogue
-#endif
+// The variant settings LG_DUELING (the dueling forward in the epilogue), LG_BN (columns per tile:
+// the wgmma's N), LG_STAGES, LG_TAIL_STEPS, LG_CLUSTER (CTAs sharing one weight load), LG_RELU,
+// LG_ROUND_OUT (out written rounded to TF32), LG_DRELU (the ReLU's backward in the epilogue: set
+// 0's y, addend), and LG_BRANCHES (operand sets per launch), LG_DUELING_WARPS, LG_DUELING_THREADS:
+// defines.cuh
 #if LG_DUELING
 #include "dueling_row.cuh"
 #endif
 
-#ifndef LG_BN
-#define LG_BN 160                                // columns per tile: the wgmma's N
-#endif
-#ifndef LG_STAGES
-#define LG_STAGES 4                              // (memory-bound tiles of 8 chunks: 3 stages ran 23-33% slower)
-#endif
-#ifndef LG_TAIL_STEPS
-#define LG_TAIL_STEPS 4                          // k steps of 8 of the last chunk: (K - 1) % 32 / 8 + 1
-#endif
-#ifndef LG_CLUSTER
-#define LG_CLUSTER 1                             // CTAs per cluster: row tiles sharing one weight load
-#endif
-#ifndef LG_RELU
-#define LG_RELU 0
-#endif
-#ifndef LG_ROUND_OUT
-#define LG_ROUND_OUT 0                           // 1: out written rounded to TF32 (for TF32 GEMMs to read as it is)
-#endif
-#ifndef LG_DRELU
-#define LG_DRELU 0                               // 1: the ReLU's backward in the epilogue (set 0's y, addend)
-#endif
 #if LG_DRELU && (LG_RELU || LG_DUELING)
 #error "linear_gemm: LG_DRELU goes with neither LG_RELU nor LG_DUELING"
 #endif
@@ -111,18 +92,17 @@ __device__ __forceinline__ void drelu_start(float* acc, unsigned obuf, const flo
 // The consumer warps, the producer warp and the dueling warps: 512 threads, 128 registers each
 // (the consumers' products need 106; with 8 dueling warps ptxas allots 96). setmaxnreg would not
 // help: ptxas allots every warp's code the launch's count.
-#define LG_DUELING_WARPS 7
 // 1: the distributions out through the staging buffer (StagedDists; 393.6 against 440.6 us for
 // the online pair's heads at 65536), where its registers fit (24 values per lane spill).
 #ifndef LG_DUELING_STAGED
 #define LG_DUELING_STAGED (MAX_BRANCH_SIZE * DG_ATOMS <= 21)
 #endif
 static_assert(DG_FITS, "heads_dueling: a branch's logits take more than DG_BUDGET values per lane");
-#define LG_THREADS (TC_THREADS + 32 * LG_DUELING_WARPS)
+#define LG_THREADS LG_DUELING_THREADS
+static_assert(LG_DUELING_THREADS == TC_THREADS + 32 * LG_DUELING_WARPS, "the dueling warps beside the others");
 #else
 #define LG_THREADS TC_THREADS
 #endif
-#define LG_BRANCHES 4                            // operand sets per launch, at most
 #define LG_BR (LG_BN / LG_CLUSTER)               // rows of wt each CTA loads for all
 #define LG_TILE_B (LG_BN * TC_BK * 4)            // 20 KiB of wt per stage
 #define LG_STAGE (TC_TILE_A + LG_TILE_B)

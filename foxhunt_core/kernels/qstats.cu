@@ -21,7 +21,7 @@
 #define ATOMS_PER_LANE ((NUM_ATOMS + 31) / 32)
 #define Q_P (7 + 2 * NUM_BRANCHES)
 #define Q_K (8 + NUM_BRANCHES)
-#define QS_THREADS 256   // the wrapper launches 256 threads per block
+#define QS_THREADS BLOCK_THREADS  // the wrapper launches BLOCK_THREADS threads per block
 #define QS_WARPS (QS_THREADS / 32)
 #define QS_ROWS 4        // (b, a) rows a warp loads at once
 #define FULL_MASK 0xffffffffu

@@ -25,10 +25,8 @@
 // the bandwidth the products need: a fifth of glu_gemm's time).
 #pragma once
 
-#define TC_BM 128                                 // rows per tile (two warpgroups of 64)
-#define TC_BK 32                                  // k per stage: one 128-byte swizzle row
-#define TC_CONSUMER_WARPS 8
-#define TC_THREADS (32 * TC_CONSUMER_WARPS + 32)  // + the producer warp
+// TC_BM (rows per tile), TC_BK (k per stage), TC_CONSUMER_WARPS, TC_THREADS: defines.cuh
+#include "defines.cuh"
 #define TC_TILE_A (TC_BM * TC_BK * 4)             // 16 KiB of A per stage
 
 // A CUtensorMap (the driver's opaque 128-byte TMA descriptor), passed by value.

@@ -33,18 +33,15 @@
 
 #include "tc_gemm.cuh"
 
-#ifndef WG_STAGES
-#define WG_STAGES 4
-#endif
-#define WG_N 256                              // the main wgmma's N: xt's rows 0..255
-#define WG_NT 8                               // the tail wgmma's N: xt's rows 256..263
-#define WG_ROWS (WG_N + WG_NT)                // xt rows per stage
-#define WG_BOX_ROWS 88                        // xt rows per TMA box: 11 KiB, so each box starts 1024-aligned
+// WG_N (the main wgmma's N: xt's rows 0..255), WG_NT (the tail wgmma's: rows 256..263), WG_ROWS
+// (xt rows per stage), WG_BOX_ROWS (xt rows per TMA box: 11 KiB, so each box starts 1024-aligned),
+// WG_THREADS (the producer a whole warpgroup: setmaxnreg works per warpgroup), the variant setting
+// WG_STAGES, and wgrad_gemm_tx's WT_SETS and WT_STAGES: defines.cuh
+static_assert(WG_ROWS == WG_N + WG_NT && WG_THREADS == TC_THREADS - 32 + 128, "wgrad_gemm's rows and warps");
 #define WG_TILE_Y (TC_BK * TC_BM * 4)         // 16 KiB of y per stage: four boxes of 32 k x 32 m
 #define WG_TILE_X (WG_ROWS * TC_BK * 4)       // 33 KiB of xt per stage
 #define WG_STAGE (WG_TILE_Y + WG_TILE_X)
 static_assert(WG_ROWS % WG_BOX_ROWS == 0 && (WG_BOX_ROWS * 128) % 1024 == 0, "xt's boxes tile the stage, aligned");
-#define WG_THREADS (TC_THREADS - 32 + 128)     // the producer a whole warpgroup (setmaxnreg works per warpgroup)
 static_assert(WG_STAGES >= 3, "a chunk's stage is released only after the next chunk's products are issued");
 
 // d (m64 x n256: 128 floats) += A B over one k step, A (m64 x k8) from this thread's four registers.
@@ -226,8 +223,6 @@ wgrad_gemm(const __grid_constant__ TensorMap map_y, const __grid_constant__ Tens
 // one 16-byte store): within a warp, 32 consecutive columns of one row read and 32 rows written,
 // free of bank conflicts. CTAs: sets x m tiles x slices of the batch; part[set][split][n][m].
 
-#define WT_SETS 4                                       // operand sets per launch, at most
-#define WT_STAGES 3
 #define WT_RAW_BOXES ((WG_ROWS + 31) / 32)              // x's boxes per chunk: 9
 #define WT_TILE_RAW (WT_RAW_BOXES * TC_BK * 128)        // 36 KiB
 #define WT_STAGE (WG_TILE_Y + WT_TILE_RAW)              // 52 KiB

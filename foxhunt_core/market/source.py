@@ -96,11 +96,12 @@ def fingerprint(m: MarketSettings) -> dict[str, Any]:
     return out
 
 
-def load_market(settings: RunSettings) -> Market:
-    """The market of ``settings`` (see the module docstring); bad data raise :class:`DataError`."""
+def load_market(settings: RunSettings, for_training: bool = True) -> Market:
+    """The market of ``settings`` (see the module docstring); bad data raise :class:`DataError`.
+    ``for_training``: the training split must hold an episode (evaluation alone does not need it)."""
     m = settings.market
+    data = _read(m)  # first: the loaders read regular files only (never a FIFO's endless stream)
     fp = fingerprint(m)
-    data = _read(m)
     data, env, costs = apply_costs(data, m, settings.env)
     try:
         splits = split_by_time(data, m.train_fraction, m.val_fraction)
@@ -109,7 +110,7 @@ def load_market(settings: RunSettings) -> Market:
     if env.reward_scale_bps is None:
         env = env.model_copy(update={"reward_scale_bps": bar_volatility_bps(splits.train)})
     short = min(len(splits.train), len(splits.test))
-    if m.source == "file" and len(splits.train) < settings.env.episode_len + 1:
+    if for_training and m.source == "file" and len(splits.train) < settings.env.episode_len + 1:
         need = settings.env.episode_len + 1
         raise DataError(f"{m.path}: the training split has {len(splits.train)} bars, fewer than "
                         f"env.episode_len + 1 = {need}: lower env.episode_len or give more bars")
@@ -147,7 +148,8 @@ def resolve_paths(run: dict[str, Any], base: Path) -> dict[str, Any]:
 
 def file_market(path: str | Path, fmt: str = "ohlcv", trades: str | Path | None = None) -> dict[str, Any]:
     """The ``market`` settings of ``--data FILE`` (absolute paths)."""
-    out: dict[str, Any] = {"source": "file", "path": str(Path(path).resolve()), "format": fmt}
+    # absolute, not resolved: messages name the file as the user did (a link by its own name)
+    out: dict[str, Any] = {"source": "file", "path": str(Path(path).absolute()), "format": fmt}
     if trades is not None:
-        out["trades_path"] = str(Path(trades).resolve())
+        out["trades_path"] = str(Path(trades).absolute())
     return out

@@ -97,7 +97,6 @@ class BranchingC51:
         self.support64 = np.linspace(net.v_min, net.v_max, net.num_atoms)
         self.q_scale = float(max(abs(net.v_min), abs(net.v_max)))
         self._supports: dict[tuple[str, str], Any] = {}
-        self.use_kernels = True  # the fused GPU path; False keeps the reference ops on CuPy too
         self.gate: GateActivation = gate if gate is not None else SigmoidGate()
         self.branch_inputs = tuple(branch_inputs)
         for st in self.branch_inputs:
@@ -160,21 +159,10 @@ class BranchingC51:
         return z
 
     # ------------------------------------------------------------------ forward
-    def fused(self, x: Array) -> bool:
-        """Whether ``x`` takes the fused-kernel GPU path (CuPy float32, unless switched off)."""
-        return self.use_kernels and type(x).__module__.startswith("cupy") and x.dtype == np.float32
-
-    def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False,
-                outputs: tuple[str, ...] | None = None, next_obs: Array | None = None) -> NetOutput:
-        """Distributions of every action for ``obs``. ``outputs`` (a subset of ``log_probs``,
-        ``probs``, ``q``, ``var``) lets the fused GPU path skip writing what the caller does not
-        read; the fields not asked for may then be None. The reference path computes them all.
-        ``next_obs``: the fused path may also compute E[Q] of these rows in the same pass
-        (``NetOutput.q_next``; None where it did not, see :func:`.fused.pairs`)."""
-        if self.fused(obs):
-            from . import fused
-
-            return fused.forward(self, params, obs, keep_cache, outputs or fused.ALL_OUTPUTS, next_obs=next_obs)
+    def forward(self, params: ParamTree, obs: Array, keep_cache: bool = False) -> NetOutput:
+        """Distributions of every action for ``obs`` [B, S] (logits, probabilities, log-probabilities;
+        with ``keep_cache`` what :meth:`backward` reads). The GPU's fused network
+        (:class:`foxhunt_core.net.fused.FusedNetwork`) computes the same."""
         xp = L._xp(obs)
         p = params["core"]
         gp = params.get(self.gate.name, {})
@@ -224,33 +212,11 @@ class BranchingC51:
             )
         return NetOutput(all_logits, probs, log_probs, cache)
 
-    def forward_many(self, segments: list[tuple[ParamTree, Array, tuple[str, ...]]] | tuple,
-                     keep_cache: bool = False) -> list[NetOutput]:
-        """Several forwards ``(params, obs, outputs)``, one :class:`NetOutput` each, the first
-        with its cache when ``keep_cache``. The fused GPU path runs them as one where the
-        parameters allow (:func:`.fused.forward_segments`: one tree, or trees stacked in one
-        allocation); the reference path runs them one by one."""
-        segments = list(segments)
-        if segments and self.fused(segments[0][1]):
-            from . import fused
-
-            return fused.forward_segments(self, segments, keep_cache)
-        return [self.forward(p, x, keep_cache=keep_cache and i == 0, outputs=tuple(o))
-                for i, (p, x, o) in enumerate(segments)]
-
     # ------------------------------------------------------------------ backward
-    def backward(self, params: ParamTree, out: NetOutput, dlogits: Array,
-                 grads_into: ParamTree | None = None) -> ParamTree:
-        """Gradients of a scalar loss w.r.t. every parameter, given ``dloss/dlogits`` [B, A, N].
-
-        ``grads_into`` (the fused GPU path): a tree of preallocated views that receive the
-        core's gradients in place, e.g. the optimizer's flat gradient buffer."""
+    def backward(self, params: ParamTree, out: NetOutput, dlogits: Array) -> ParamTree:
+        """Gradients of a scalar loss w.r.t. every parameter, given ``dloss/dlogits`` [B, A, N]."""
         if out.cache is None:
             raise ValueError("backward needs a forward pass run with keep_cache=True")
-        if out.cache.get("fused"):
-            from . import fused
-
-            return fused.backward(self, params, out, dlogits, grads_into)
         c = out.cache
         xp = L._xp(dlogits)
         p = params["core"]

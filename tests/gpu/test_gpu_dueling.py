@@ -179,11 +179,13 @@ def test_dueling_backward_many_samples_per_warp(cp, rng, N, offsets):
 
 @pytest.mark.parametrize("N,offsets", LAYOUTS)
 def test_dueling_kernels_fit_their_grid(cp, N, offsets):
-    """The blocks per SM the wrappers launch (dueling.cu's DUELING_BLOCKS_PER_SM) fit the registers
-    NVRTC gives the two row kernels, which keep everything in registers (no local memory)."""
-    from foxhunt_core.gpu.launch import get_kernel
+    """The blocks per SM the wrappers launch (DUELING_BLOCKS_PER_SM, which the layout's preamble
+    passes the kernels' __launch_bounds__) fit the registers NVRTC gives the two row kernels, which
+    keep everything in registers (no local memory)."""
+    from foxhunt_core.gpu.launch import dueling_blocks_per_sm, get_kernel
 
-    per_sm = K._dueling_blocks_per_sm(N, offsets)
+    per_sm = dueling_blocks_per_sm(N, offsets)
+    assert branch_defines(offsets, N, HEAD_ALIGN)["DUELING_BLOCKS_PER_SM"] == str(per_sm)
     for name in ("dueling_softmax_forward", "dueling_backward"):
         fn = get_kernel("dueling.cu", name, branch_defines(offsets, N, HEAD_ALIGN))
         assert fn.local_size_bytes == 0, f"{name} spills {fn.local_size_bytes} bytes per thread"

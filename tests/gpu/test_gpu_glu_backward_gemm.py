@@ -125,15 +125,14 @@ def test_glu_backward_gemm_dq_matches_the_reference(cp, rng, M, H, sets, dq_set,
     _check_dq(dq_wide, R.glu_backward_dq(ref, wq64, dq_set, H), nq)
 
 
-def test_glu_backward_gemm_dq_over_column_tiles_that_change_from_tile_to_tile(cp, rng, monkeypatch):
+def test_glu_backward_gemm_dq_over_column_tiles_that_change_from_tile_to_tile(cp, rng):
     """A grid of 7 CTAs over 6 column tiles: each CTA's tiles walk through the column tiles, so the
     weights it holds for dq are loaded again whenever its column tile changes (with a grid of
     every SM, 132 on an H200, each CTA keeps one column tile)."""
     M, H, sets = 5000, 256, 3
-    monkeypatch.setattr(K, "sm_count", lambda: 7)
     dadv, wo, pv_wide, d64, w64, p64 = _case(cp, rng, M, 156, H, sets)
     wq, dq_wide, wq64 = _dq_case(cp, rng, M, H, 3)
-    K.glu_backward_gemm(dadv, wo, pv_wide[:, 4 : 4 + sets * 2 * H], dq=dq_wide[:, 1:4], wq=wq, dq_set=1)
+    K.glu_backward_gemm(dadv, wo, pv_wide[:, 4 : 4 + sets * 2 * H], dq=dq_wide[:, 1:4], wq=wq, dq_set=1, ctas=7)
     ref = R.glu_backward_gemm(d64, w64, p64)
     _check(pv_wide, ref, sets * 2 * H)
     _check_dq(dq_wide, R.glu_backward_dq(ref, wq64, 1, H), 3)

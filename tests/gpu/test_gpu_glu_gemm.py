@@ -72,37 +72,31 @@ def test_glu_gemm_other_rings_and_staging(cp, rng, ring):
     stages, two boxes used in turn; the test above): the three-stage ring with the whole tile's h
     at once, and hand-offs of one box or two into buffers that take them in turn, over 40 tiles per
     SM (each staging slot reused many times) with pv for the first third of the rows."""
-    was = K.glu_gemm_ring(*ring)
-    try:
-        B, H, blocks, K_, width, lead = 40 * 128 * 132 // 6, 256, 3, 260, 260, 8
-        u, w, _ = _case(rng, B, K_, H, blocks, bias=False)
-        h_wide = nan_like(cp, (B, lead + blocks * width + 4))
-        P = B // 3
-        pv_wide = nan_like(cp, (P, lead + 2 * H * blocks + 4))
-        K.glu_gemm(to_dev(cp, u), to_dev(cp, w), width=width, blocks=blocks,
-                   h=h_wide[:, lead : lead + blocks * width], pv=pv_wide[:, lead : lead + 2 * H * blocks])
-        _check(cp, u, w, None, blocks, width, h_wide, lead, pv_wide, P, H)
-    finally:
-        K.glu_gemm_ring(*was)
+    config = K.GluGemmConfig.ring(*ring)
+    B, H, blocks, K_, width, lead = 40 * 128 * 132 // 6, 256, 3, 260, 260, 8
+    u, w, _ = _case(rng, B, K_, H, blocks, bias=False)
+    h_wide = nan_like(cp, (B, lead + blocks * width + 4))
+    P = B // 3
+    pv_wide = nan_like(cp, (P, lead + 2 * H * blocks + 4))
+    K.glu_gemm(to_dev(cp, u), to_dev(cp, w), width=width, blocks=blocks,
+               h=h_wide[:, lead : lead + blocks * width], pv=pv_wide[:, lead : lead + 2 * H * blocks], config=config)
+    _check(cp, u, w, None, blocks, width, h_wide, lead, pv_wide, P, H)
 
 
 @pytest.mark.parametrize("lead", [2, 4])
 def test_glu_gemm_pv_from_the_registers_where_tma_cannot_store_it(cp, rng, lead):
     """pv 8-byte aligned only (lead 2: TMA needs 16) goes out from the registers; so does a
-    16-byte aligned pv with GLU_GEMM_PV_TMA off (lead 4). Both with the bias, rows past pv's
+    16-byte aligned pv with the config's pv_tma off (lead 4). Both with the bias, rows past pv's
     last one left alone."""
     B, H, K_, width, blocks, h_lead = 1500, 256, 260, 260, 2, 4
     u, w, b = _case(rng, B, K_, H, blocks, bias=True)
     h_wide = nan_like(cp, (B, h_lead + blocks * width + 4))  # (h moves by TMA: 16-byte aligned)
     P = 700
     pv_wide = nan_like(cp, (P, lead + 2 * H * blocks + 2))
-    was = K.GLU_GEMM_PV_TMA
-    K.GLU_GEMM_PV_TMA = lead == 2  # (lead 2: on, but the wrapper must not use it)
-    try:
-        K.glu_gemm(to_dev(cp, u), to_dev(cp, w), bias=to_dev(cp, b), width=width, blocks=blocks,
-                   h=h_wide[:, h_lead : h_lead + blocks * width], pv=pv_wide[:, lead : lead + 2 * H * blocks])
-    finally:
-        K.GLU_GEMM_PV_TMA = was
+    config = K.GluGemmConfig(pv_tma=lead == 2)  # (lead 2: on, but the wrapper must not use it)
+    K.glu_gemm(to_dev(cp, u), to_dev(cp, w), bias=to_dev(cp, b), width=width, blocks=blocks,
+               h=h_wide[:, h_lead : h_lead + blocks * width], pv=pv_wide[:, lead : lead + 2 * H * blocks],
+               config=config)
     _check(cp, u, w, b, blocks, width, h_wide, h_lead, pv_wide, P, H, pv_lead=lead)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from foxhunt_core.config import RunSettings
-from foxhunt_core.trainer import CHECKPOINT, GEMM_TUNING, Trainer
+from foxhunt_core.trainer import CHECKPOINT, GEMM_TUNING, GPU_PLAN, Trainer
 
 pytestmark = pytest.mark.gpu
 
@@ -37,8 +37,12 @@ def test_gpu_training_runs_and_learns_something(tmp_path, graphs):
     tr.collector.env.check()  # no out-of-range action reached the environment
     assert len(tr.replay) == 64 * (8 + 120)
     table = tr.evaluate("val")
-    assert set(table) == {"policy", "flat", "random", "buy_and_hold"}
+    assert set(table) == {"policy", "flat", "random", "buy_and_hold", "linear", "momentum"}
     assert (tmp_path / "r" / CHECKPOINT).is_file()
+    # The update's execution plan, written when the step was built: its batch size and choices.
+    plan = json.loads((tmp_path / "r" / GPU_PLAN).read_text())
+    assert plan["batch"] == 64 and plan["act_rows"] == 64 and plan["device"]["sm_count"] > 0
+    assert plan["choices"] and plan["stages"][0]["name"] == "sigmoid_gate" and plan["stages"][0]["path"] == "fast"
 
 
 def test_gpu_resume_continues_from_checkpoint(tmp_path):

@@ -151,13 +151,14 @@ def _glu_net_settings():
     return RunSettings(net=net, train=TrainSettings(lr=1e-3, tf32=True))
 
 
-def _paired_agents(cp, settings):
+def _paired_agents(cp, settings, **plan):
     """A CPU agent and a GPU agent of ``settings`` with the same parameters, the target network
-    other than the online one; and the random generator that made them."""
+    other than the online one (the GPU agent's execution plan built with ``plan``'s overrides);
+    and the random generator that made them."""
     rng = np.random.default_rng()
     seed = int(rng.integers(1 << 30))
     cpu = Agent(settings, PluginSet(), np, np.random.default_rng(seed))
-    gpu = Agent(settings, PluginSet(), cp, np.random.default_rng(seed))
+    gpu = Agent(settings, PluginSet(), cp, np.random.default_rng(seed), plan_overrides=plan)
     for o, s in cpu.online.items():
         for k, v in s.items():
             cpu.target[o][k][...] = v + rng.normal(0.0, 0.05, v.shape).astype(v.dtype)
@@ -166,25 +167,44 @@ def _paired_agents(cp, settings):
     return rng, cpu, gpu
 
 
-def _glu_agents(cp, monkeypatch):
-    """A CPU agent and a GPU agent with the same parameters (the target network other than the
-    online one), the GPU under TF32, and a record of the glu_gemm, linear_gemm, heads_dueling and
-    glu_backward_gemm calls."""
+def _record(agent, names):
+    """The calls, in order, of the kernels ``names`` that ``agent``'s fused network makes from now
+    on (the kernel namespace it was given, wrapped; a new plan keeps the wrapper)."""
+    calls = []
+    fnet = agent.fused_network
+    real = fnet.K
+
+    class Recording:
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+            if name not in names:
+                return fn
+            return lambda *a, **kw: calls.append((name, kw)) or fn(*a, **kw)
+
+    fnet.K = Recording()
+    return calls
+
+
+def _names(calls):
+    return [n for n, _ in calls]
+
+
+def _glu_agents(cp, **plan):
+    """A CPU agent and a GPU agent of the GLU network with the same parameters (the target network
+    other than the online one), the GPU under TF32, and a record of its glu_gemm, linear_gemm,
+    heads_dueling and glu_backward_gemm calls."""
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
 
     if not K.glu_gemm_supported(128):
         pytest.skip("glu_gemm needs a compute capability 9.0 GPU")
-    rng, cpu, gpu = _paired_agents(cp, _glu_net_settings())
-    calls = []  # ("glu_gemm" | "linear_gemm" | "heads_dueling" | "glu_backward_gemm", ...) per call
-    for name in ("glu_gemm", "linear_gemm", "heads_dueling", "glu_backward_gemm"):
-        real = getattr(K, name)
-        monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
+    rng, cpu, gpu = _paired_agents(cp, _glu_net_settings(), **plan)
+    calls = _record(gpu, ("glu_gemm", "linear_gemm", "heads_dueling", "glu_backward_gemm"))
     cublas.set_tf32(True)
     return rng, cpu, gpu, calls
 
 
-def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
+def test_glu_gemm_forward_is_as_accurate_as_cublas():
     """Under TF32 the fused network's GLUs run as one kernel each (glu_gemm) and its advantage
     heads with the dueling forward as one more (heads_dueling; linear_gemm then
     dueling_softmax_forward without it). Its outputs (every action's log-probabilities and E[Q]
@@ -193,24 +213,24 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
     (glu_gemm with truncated operands was 2.5x further off)."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
-    from foxhunt_core.gpu import kernels as K
-    from foxhunt_core.net import fused
 
-    rng, cpu, gpu, calls = _glu_agents(cp, monkeypatch)
+    # heads_dueling as from the rows where its tiles fill the GPU, here at 2048
+    rng, cpu, gpu, calls = _glu_agents(cp, fill_sms=1)
     try:
         obs = rng.normal(size=(2048, 50)).astype(np.float32)
         params64 = {o: {k: v.astype(np.float64) for k, v in s.items()} for o, s in cpu.online.items()}
         ref = cpu.net.forward(params64, obs.astype(np.float64))
         q_ref = (ref.probs * cpu.net.support64).sum(-1)
-        monkeypatch.setattr(K, "heads_dueling_fills", lambda rows, sets: True)  # (2048 rows: too few)
-        glu = gpu.net.forward(gpu.online, cp.asarray(obs))
-        assert calls == ["glu_gemm", "heads_dueling", "glu_gemm", "heads_dueling"], calls
-        monkeypatch.setattr(fused, "HEADS_DUELING", False)
-        apart = gpu.net.forward(gpu.online, cp.asarray(obs))
-        assert calls[4:] == ["glu_gemm", "linear_gemm", "glu_gemm", "linear_gemm"], calls
-        monkeypatch.setattr(fused, "fused_glu", lambda net, stack: False)
+        assert gpu.plan.glu_gemm and gpu.plan.heads_dueling_at(2048, 1), gpu.plan.glu_gemm.why
+        glu = gpu.fused_network.forward(gpu.online, cp.asarray(obs))
+        assert _names(calls) == ["glu_gemm", "heads_dueling", "glu_gemm", "heads_dueling"], calls
+        gpu.replan(fill_sms=1, heads_dueling=False)
+        apart = gpu.fused_network.forward(gpu.online, cp.asarray(obs))
+        assert _names(calls[4:]) == ["glu_gemm", "linear_gemm", "glu_gemm", "linear_gemm"], calls
+        gpu.replan(glu_gemm=False)
+        assert not gpu.plan.glu_gemm
         n = len(calls)
-        lt = gpu.net.forward(gpu.online, cp.asarray(obs))
+        lt = gpu.fused_network.forward(gpu.online, cp.asarray(obs))
         assert len(calls) == n
     finally:
         cublas.set_tf32(False)
@@ -222,32 +242,35 @@ def test_glu_gemm_forward_is_as_accurate_as_cublas(monkeypatch):
         assert _rel(getattr(glu, name), getattr(apart, name)) < 1e-5, name
 
 
-def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
+def test_update_through_glu_gemm_matches_the_cpu_update():
     """The whole update with the GLUs as glu_gemm and the heads as heads_dueling (linear_gemm where
     no dueling forward follows; past the stacking threshold, as large batches run), their backward
     as glu_backward_gemm, against the NumPy float32 update: the loss to 2e-3, all gradients
-    together to 2e-2, each parameter's to 1e-1.
+    together to 2e-2, each parameter's to 1e-1. The plan says which kernels the update takes and
+    the record of the calls shows each of them ran: the GLU groups of the online pair's forward and
+    the target's (glu_gemm), the online pair's heads with their dueling forward and the target's
+    direction heads with theirs (heads_dueling), the target's magnitude heads (linear_gemm), both
+    GLU groups' backward (glu_backward_gemm).
     (The C51 gradient, a difference of two distributions, amplifies TF32's relative error in small
     gradients; the forward's accuracy is compared with cuBLAS's above. A wiring error —
     pre-activations of the wrong rows, a missing value head — is off by order one.)"""
     cp = _cp()
     from foxhunt_core.gpu import cublas
-    from foxhunt_core.net import fused
 
-    monkeypatch.setattr(fused, "STACK_MAX_ROWS", 0)  # one parameter tree per forward
-    rng, cpu, gpu, calls = _glu_agents(cp, monkeypatch)
-    # glu_backward_gemm and heads_dueling as from the batch where they have a tile for every SM,
-    # here at 512 rows
-    monkeypatch.setattr(fused.K, "glu_backward_gemm_fills", lambda rows, blocks, H: True)
-    monkeypatch.setattr(fused.K, "heads_dueling_fills", lambda rows, sets: True)
+    # One parameter tree per forward; glu_backward_gemm and heads_dueling as from the batch where
+    # they have a tile for every SM, here at 512 rows.
+    rng, cpu, gpu, calls = _glu_agents(cp, stack_max_rows=0, fill_sms=1)
+    plan = gpu.plan
+    assert not plan.stacks(512) and plan.glu_gemm and plan.heads_dueling_at(512, 1) and plan.glu_backward_at(512, 1)
     batch = _batch(rng, 512)
     try:
         g_gpu, s_gpu, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
     finally:
         cublas.set_tf32(False)
-    # (linear_gemm: the target forward's magnitude heads, which no dueling forward follows)
-    assert {"glu_gemm", "heads_dueling", "linear_gemm", "glu_backward_gemm"} <= set(calls), \
-        "the update ran its GLUs and heads, and their backward, on its own kernels"
+    # target forward (on the side stream, queued first), then the online pair's; then the backward
+    assert _names(calls) == ["glu_gemm", "heads_dueling", "glu_gemm", "linear_gemm",
+                             "glu_gemm", "heads_dueling", "glu_gemm", "heads_dueling",
+                             "glu_backward_gemm", "glu_backward_gemm"], calls
     g_cpu, s_cpu, _, _ = cpu.loss_and_grads(batch, 0.01)
     assert abs(float(s_cpu["loss"]) - float(s_gpu["loss"])) < 2e-3 * abs(float(s_cpu["loss"]))
     for o, s in g_cpu.items():
@@ -260,7 +283,9 @@ def test_update_through_glu_gemm_matches_the_cpu_update(monkeypatch):
 
 def test_graph_replay_through_glu_gemm_equals_eager_updates():
     """The GLUs as glu_gemm (TF32, 128 wide) inside the captured update: replay gives the eager
-    updates (the tensor maps are kernel parameters copied into the graph)."""
+    updates (the tensor maps are kernel parameters copied into the graph). The plan takes glu_gemm
+    for the update at 16384 rows (past the stacking threshold: one parameter tree per forward), and
+    the capture launched it for both forwards' GLU groups."""
     cp = _cp()
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
@@ -272,9 +297,14 @@ def test_graph_replay_through_glu_gemm_equals_eager_updates():
     seed = int(rng.integers(1 << 30))
     eager = Agent(_glu_net_settings(), PluginSet(), cp, np.random.default_rng(seed))
     graphed = Agent(_glu_net_settings(), PluginSet(), cp, np.random.default_rng(seed))
+    plan = graphed.plan.but(batch=16384)
+    assert plan.glu_gemm and not plan.stacks(16384), (plan.glu_gemm.why, plan.stacks(16384).why)
+    calls = _record(graphed, ("glu_gemm",))
     cublas.set_tf32(True)
     try:
-        g = GraphedUpdate(graphed, 16384)  # past the stacking threshold: one parameter tree per forward
+        g = GraphedUpdate(graphed, 16384)
+        # each warm-up run and the captured one: the target's two GLU groups and the online pair's
+        assert _names(calls) == ["glu_gemm"] * 4 * 3, calls
         _replay_against_eager(cp, rng, eager, graphed, g, 16384, 3)
     finally:
         cublas.set_tf32(False)
@@ -285,7 +315,7 @@ def _default_tf32_settings():
     return RunSettings(train=TrainSettings(lr=1e-3, tf32=True))
 
 
-def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypatch):
+def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas():
     """The default network under TF32: the GLU blocks' weight gradients (every branch's gate and
     value weights and biases, and the value head's, which shares the direction branch's block) come
     from wgrad_gemm, the advantage heads' (weights and biases) from wgrad_gemm_sets. Against the
@@ -299,21 +329,16 @@ def test_weight_gradients_through_wgrad_gemm_are_as_accurate_as_cublas(monkeypat
 
     if not K.wgrad_gemm_supported(260):
         pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
-    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
-    from foxhunt_core.net import fused
-
-    monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)  # the heads' as from 32768 rows, here at 2048
-    calls = []
-    for name in ("wgrad_gemm", "wgrad_gemm_sets"):
-        real = getattr(K, name)
-        monkeypatch.setattr(K, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
+    # the heads' as from 32768 rows, here at 2048
+    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings(), wgrad_heads_min_rows=0)
+    calls = _record(gpu, ("wgrad_gemm", "wgrad_gemm_sets"))
     batch = _batch(rng, 2048)
     cublas.set_tf32(True)
     try:
         g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
         # both GLU blocks', and the heads' of both groups
-        assert sorted(calls) == ["wgrad_gemm"] * 2 + ["wgrad_gemm_sets"] * 2, calls
-        monkeypatch.setattr(K, "wgrad_gemm_supported", lambda n=None: False)
+        assert sorted(_names(calls)) == ["wgrad_gemm"] * 2 + ["wgrad_gemm_sets"] * 2, calls
+        gpu.replan(wgrad_heads_min_rows=0, wgrad_gemm=False)
         g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
         assert len(calls) == 4
     finally:
@@ -339,7 +364,7 @@ def _assert_as_accurate(label, g_tc, g_lt, g_ref, names):
     assert e_tc < 1.1 * e_lt and e_tc < 2e-2, (e_tc, e_lt)
 
 
-def test_graph_replay_through_wgrad_gemm_equals_eager_updates(monkeypatch):
+def test_graph_replay_through_wgrad_gemm_equals_eager_updates():
     """The default network under TF32 (its GLU blocks' weight gradients through wgrad_gemm and the
     heads' through wgrad_gemm_sets, here from any batch size, their scratch from the graph's own
     memory pool; at 16384 rows the trunk's input gradients through linear_gemm_relu_backward)
@@ -349,26 +374,24 @@ def test_graph_replay_through_wgrad_gemm_equals_eager_updates(monkeypatch):
     from foxhunt_core.gpu import cublas
     from foxhunt_core.gpu import kernels as K
     from foxhunt_core.graphs import GraphedUpdate
-    from foxhunt_core.net import fused
-
-    monkeypatch.setattr(fused, "WGRAD_HEADS_MIN_ROWS", 0)
-    monkeypatch.setattr(fused, "RELU_GEMM_MIN_ROWS", 0)  # (linear_gemm_relu_backward at 16384 rows too)
 
     if not K.wgrad_gemm_supported(260):
         pytest.skip("wgrad_gemm needs a compute capability 9.0 GPU")
     rng = np.random.default_rng()
     seed = int(rng.integers(1 << 30))
+    plan = dict(wgrad_heads_min_rows=0, relu_gemm_min_rows=0)  # (linear_gemm_relu_backward at 16384 rows too)
     cublas.set_tf32(True)
     try:
         for rows in (4096, 16384):
-            eager = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed))
-            graphed = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed))
+            eager = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed), plan_overrides=plan)
+            graphed = Agent(_default_tf32_settings(), PluginSet(), cp, np.random.default_rng(seed), plan_overrides=plan)
+            assert graphed.plan.wgrad_heads_at(rows) and (rows < 16384 or graphed.plan.relu_gemm_at(rows))
             _replay_against_eager(cp, rng, eager, graphed, GraphedUpdate(graphed, rows), rows, 2)
     finally:
         cublas.set_tf32(False)
 
 
-def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cublas(monkeypatch):
+def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cublas():
     """The default network under TF32: the trunk's input gradients (into h2 through the VSN's
     weights, into h1 through trunk.w2) from linear_gemm_relu_backward, the ReLUs' backward in the
     GEMM's epilogue (here at 2048 rows, as if they filled the SMs). Against the NumPy float32 update
@@ -382,20 +405,15 @@ def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cu
 
     if not K.glu_gemm_supported():
         pytest.skip("linear_gemm_relu_backward needs a compute capability 9.0 GPU")
-    from foxhunt_core.net import fused
-
-    monkeypatch.setattr(fused, "RELU_GEMM_MIN_ROWS", 0)
-    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
-    calls = []
-    real = K.linear_gemm_relu_backward
-    monkeypatch.setattr(K, "linear_gemm_relu_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(K, "linear_gemm_relu_backward_fills", lambda rows, cols: True)
+    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings(), relu_gemm_min_rows=0, fill_sms=1)
+    calls = _record(gpu, ("linear_gemm_relu_backward",))
     batch = _batch(rng, 2048)
     cublas.set_tf32(True)
     try:
+        assert gpu.plan.relu_gemm_at(2048), gpu.plan.relu_gemm_at(2048).why
         g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
         assert len(calls) == 2, calls  # dh2, then dh1
-        monkeypatch.setattr(K, "linear_gemm_relu_backward_fills", lambda rows, cols: False)
+        gpu.replan(relu_gemm_min_rows=0, fill_sms=1, relu_gemm=False)
         g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
         assert len(calls) == 2
     finally:
@@ -406,7 +424,7 @@ def test_trunk_gradients_through_linear_gemm_relu_backward_are_as_accurate_as_cu
                         ["trunk.w1", "trunk.b1", "trunk.w2", "trunk.b2"])
 
 
-def test_direction_q_gradient_from_glu_backward_gemm_is_as_accurate_as_cublas(monkeypatch):
+def test_direction_q_gradient_from_glu_backward_gemm_is_as_accurate_as_cublas():
     """The default network under TF32 (adv_h 256: two column tiles a branch), glu_backward_gemm as
     if it filled the SMs (here at 2048 rows): the gradient of z's direction-Q columns (dq, which the
     direction branch's dueling backward reads) from the magnitude branch's pre-activation gradients
@@ -420,21 +438,18 @@ def test_direction_q_gradient_from_glu_backward_gemm_is_as_accurate_as_cublas(mo
 
     if not K.glu_gemm_supported():
         pytest.skip("glu_backward_gemm needs a compute capability 9.0 GPU")
-    from foxhunt_core.net import fused
-
-    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings())
-    calls = []  # whether each glu_backward_gemm call took dq
-    real = K.glu_backward_gemm
-    monkeypatch.setattr(K, "glu_backward_gemm", lambda *a, **kw: calls.append("dq" in kw) or real(*a, **kw))
-    monkeypatch.setattr(K, "glu_backward_gemm_fills", lambda rows, blocks, H: True)
+    rng, cpu, gpu = _paired_agents(cp, _default_tf32_settings(), fill_sms=1)
+    calls = _record(gpu, ("glu_backward_gemm",))  # whether each glu_backward_gemm call took dq
     batch = _batch(rng, 2048)
     cublas.set_tf32(True)
     try:
+        assert gpu.plan.glu_backward_dq and gpu.plan.glu_backward_at(2048, 1)
         g_tc, s_tc, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
-        assert sorted(calls) == [False, True], calls  # two groups: the magnitude branch's took dq
-        monkeypatch.setattr(fused.K, "GLU_BACKWARD_GEMM_DQ_H", 0)  # dq through cuBLAS
+        # two groups: the magnitude branch's took dq
+        assert sorted("dq" in kw for _, kw in calls) == [False, True], calls
+        gpu.replan(fill_sms=1, glu_backward_dq=False)  # dq through cuBLAS
         g_lt, s_lt, _, _ = gpu.loss_and_grads(_to(cp, {"b": batch})["b"], 0.01)
-        assert sorted(calls) == [False, False, False, True], calls
+        assert sorted("dq" in kw for _, kw in calls) == [False, False, False, True], calls
     finally:
         cublas.set_tf32(False)
     assert abs(float(s_tc["loss"]) - float(s_lt["loss"])) <= 1e-6 * abs(float(s_lt["loss"]))  # the same forward

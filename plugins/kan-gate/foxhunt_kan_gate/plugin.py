@@ -17,7 +17,6 @@ from .options import KanGateOptions
 from .stage import KanGateStage
 
 NAME = "kan_gate"
-DEFAULT_BASES = KanGateOptions().num_bases
 
 MANIFEST = PluginManifest(
     name=NAME,
@@ -25,12 +24,13 @@ MANIFEST = PluginManifest(
     position=5,
     hooks=("gate_activation",),
     options=KanGateOptions,
-    parameters=(
-        ParamSpec(name="b<d>.coeff", shape=("num_branches", "adv_h", DEFAULT_BASES),
-                  description=f"Spline coefficients, one [adv_h, num_bases] tensor per branch d "
-                  f"(num_bases {DEFAULT_BASES} by default; the count assumes it)."),
-        ParamSpec(name="b<d>.residual", shape=("num_branches", "adv_h"),
-                  description="Residual weight of every unit, one [adv_h] tensor per branch d."),
+    parameters=tuple(
+        spec for d in range(4) for spec in (  # one pair per branch: direction, magnitude, order, urgency
+            ParamSpec(name=f"b{d}.coeff", shape=("adv_h", "options.num_bases"),
+                      description=f"Spline coefficients of branch {d}'s gate units, [adv_h, num_bases]."),
+            ParamSpec(name=f"b{d}.residual", shape=("adv_h",),
+                      description=f"Residual weight of each of branch {d}'s gate units."),
+        )
     ),
     kernels=(KernelSpec(path=KERNEL_FILE, functions=KERNEL_FUNCTIONS),),
     requires=Requires(plugins=(), core=">=0.1,<0.2"),

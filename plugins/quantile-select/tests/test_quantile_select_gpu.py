@@ -129,7 +129,7 @@ def test_agent_collection_values_come_from_the_forwards_probabilities_inside_a_c
     agent, _ = _agent()
     obs = cupy.asarray(np.random.default_rng(1).normal(size=(512, 50)).astype(np.float32))
     readiness = cupy.zeros((), dtype=cupy.float32)
-    out = agent.net.forward(agent.online, obs, outputs=("probs", "q", "var"))
+    out = agent.fused_network.forward(agent.online, obs, outputs=("probs", "q", "var"))
     probs, z = cupy.asnumpy(out.probs), cupy.asnumpy(agent.z)
     values = agent.act_values(obs, readiness)  # eager: compiles, loads and allocates outside the capture
     cupy.cuda.get_current_stream().synchronize()
@@ -191,7 +191,7 @@ def test_training_run_on_the_gpu_with_the_stage_3_flags():
     tr.train()
     assert len(tr.history) == 3 and all(np.isfinite(r["loss"]) for r in tr.history)
     obs = np.random.default_rng(3).normal(size=(64, 50)).astype(np.float32)
-    out = tr.agent.net.forward(tr.agent.online, cupy.asarray(obs), outputs=("q",))
+    out = tr.agent.fused_network.forward(tr.agent.online, cupy.asarray(obs), outputs=("q",))
     q = tr.agent.qpipe.forward(tr.agent.online, None, tr.agent.z, q_raw=out.q)
     np.testing.assert_array_equal(tr.policy()(obs), cupy.asnumpy(branch_argmax(q.q_coord, tr.agent.offsets)))
 
