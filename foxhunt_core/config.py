@@ -120,7 +120,11 @@ class SelectSettings(_Strict):
     """Model selection on the validation split (foxhunt_core.selection)."""
 
     every: int = Field(500, ge=0, description="Updates between evaluations of the greedy policy on the validation split; the best one's parameters are kept and evaluated on test (0: no selection, the last parameters are evaluated).")
-    fallback: Literal["none", "flat"] = Field("none", description="When the best validation return does not beat flat's: none keeps the best policy (the table says no edge was found), flat deploys the flat policy instead.")
+    fallback: Literal["none", "flat"] = Field("none", description="When the selected parameters show no edge on validation (edge_test): none keeps them (the table says no edge was found), flat deploys the flat policy instead.")
+    edge_test: Literal["bootstrap", "return"] = Field("bootstrap", description="When the selected parameters have an edge on validation: bootstrap: their validation return is above flat's and the block-bootstrap lower bound (confidence) of their return over each policy of edge_over is above 0 (foxhunt_core.edge); return: their validation return is above flat's.")
+    edge_over: tuple[Literal["flat", "buy_and_hold", "linear", "momentum"], ...] = Field(("flat", "buy_and_hold", "linear", "momentum"), min_length=1, description="The reference policies the bootstrap edge test compares the selected parameters with, bar by bar on the validation split.")
+    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="One-sided confidence of the bootstrap lower bound (its 1 - confidence quantile).")
+    block_bars: int | None = Field(None, ge=1, description="Block length of the bootstrap, in bars; default round(n ** (1/3)) for the n bars of the validation split.")
 
 
 class RunSettings(_Strict):

@@ -68,6 +68,14 @@ def evaluate(
 
     ``rng`` drives limit-order fills only; the same generator state gives the same result.
     """
+    pnl, turnover = walk(split, settings, policy, rng)
+    return pnl_metrics(pnl, turnover, periods_per_year=periods_per_year)
+
+
+def walk(split: MarketData, settings: EnvSettings, policy: Policy,
+         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The per-bar net PnL (fraction of max notional) and |position change| of ``policy`` over
+    ``split``, first bar to last (what :func:`evaluate` reduces to metrics)."""
     env = TradingEnv.sequential(split, settings, rng)
     obs, _ = env.reset()
     bars = env.episode_len
@@ -77,7 +85,7 @@ def evaluate(
         obs, _, _, _, info = env.step(np.asarray(policy(obs)))
         pnl[i] = info["pnl_bps"][0] * 1e-4
         turnover[i] = info["turnover"][0]
-    return pnl_metrics(pnl, turnover, periods_per_year=periods_per_year)
+    return pnl, turnover
 
 
 def _constant(action: tuple[int, int, int, int]) -> Policy:

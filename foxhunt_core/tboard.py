@@ -70,6 +70,7 @@ class Board:
         self.writer.flush()
 
     def close(self) -> None:
+        self._logdir = None  # nothing is written after close
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()

@@ -57,7 +57,8 @@ from .checkpoint import (
 )
 from .collector import DeviceCollector, HostCollector
 from .config import RunSettings
-from .evaluate import baseline_policies, evaluate
+from .edge import edge_bounds
+from .evaluate import baseline_policies, pnl_metrics, walk
 from .explore import LiquidTau, annealed_tau, iqn_readiness
 from .hookspecs import RunContext
 from .logs import RunLog, Stopwatch, jsonable
@@ -108,8 +109,10 @@ class Trainer:
         self._record_plan()
         nb = self.agent.num_branches
         t = settings.train
-        self.selection = Selection(settings.select.every if len(self.splits.val) >= 2 else 0,
-                                   settings.select.fallback)
+        sel = settings.select
+        self.selection = Selection(sel.every if len(self.splits.val) >= 2 else 0, sel.fallback,
+                                   sel.edge_test, sel.confidence)
+        self._reference_pnl: dict[str, np.ndarray] | None = None  # the edge test's, on validation
         self.board = Board(self.out_dir, t.tensorboard)
         self._baselines: FittedBaselines | None = None
         self.stream: Any = None
@@ -294,17 +297,33 @@ class Trainer:
         best = self.selection.params
         return self._act if best is None else (lambda obs: self._act(obs, best))
 
+    def _walk(self, data: Any, pol: Callable) -> tuple[np.ndarray, np.ndarray]:
+        return walk(data, self.source.env, pol, np.random.default_rng(self.settings.seed + 2))
+
     def _evaluate_policy(self, data: Any, pol: Callable) -> dict[str, float]:
-        res = evaluate(data, self.source.env, pol, np.random.default_rng(self.settings.seed + 2),
-                       periods_per_year=self.source.interval.bars_per_year)
+        res = pnl_metrics(*self._walk(data, pol), periods_per_year=self.source.interval.bars_per_year)
         return {k: float(v) for k, v in res.items()}
+
+    def _edge_bounds(self, pnl: np.ndarray) -> dict[str, float] | None:
+        """The bootstrap lower bounds of a validation PnL series over the edge test's reference
+        policies (their validation PnL walked once), or None when the test is off."""
+        sel = self.settings.select
+        if sel.edge_test != "bootstrap":
+            return None
+        if self._reference_pnl is None:
+            pols = {**baseline_policies(np.random.default_rng(0)), **self.baselines().policies}
+            self._reference_pnl = {name: self._walk(self.splits.val, pols[name])[0] for name in sel.edge_over}
+        return edge_bounds(pnl, self._reference_pnl, sel.confidence, sel.block_bars)
 
     def _select(self) -> float:
         """Evaluate the current parameters on the validation split; keep them when best.
         Returns the seconds it took (they do not count as training time)."""
         clock = Stopwatch()
-        metrics = self._evaluate_policy(self.splits.val, self._act)
-        kept = self.selection.offer(self.step, metrics, lambda: tree_copy(self.agent.online))
+        pnl, turnover = self._walk(self.splits.val, self._act)
+        metrics = {k: float(v) for k, v in pnl_metrics(pnl, turnover,
+                                                       periods_per_year=self.source.interval.bars_per_year).items()}
+        kept = self.selection.offer(self.step, metrics, lambda: tree_copy(self.agent.online),
+                                    self._edge_bounds(pnl))
         self.board.evaluation("val", {"policy": metrics}, self.step)
         self.log.event("selection", step=self.step, val_return=metrics["total_return"], kept=kept)
         return clock.seconds()

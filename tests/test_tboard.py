@@ -10,6 +10,7 @@ from test_cli import foxhunt
 from test_trainer import tiny
 
 from foxhunt_core.plugins import PluginSet
+from foxhunt_core.tboard import Board
 from foxhunt_core.trainer import Trainer
 
 
@@ -28,6 +29,16 @@ def read_events(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
             for v in ev.summary.value:
                 out.setdefault(v.tag, []).append((ev.step, v.simple_value))
     return out
+
+
+def test_the_event_file_is_opened_at_the_first_record(tmp_path):
+    """A command refused before it records anything must leave the run directory as it was."""
+    board = Board(tmp_path, True)
+    assert list(tmp_path.iterdir()) == []
+    board.evaluation("val", {"policy": {"total_return": 0.5}}, 10)
+    board.close()
+    board.evaluation("val", {"policy": {"total_return": 0.7}}, 20)  # after close: nothing
+    assert read_events(tmp_path) == {"val/policy/total_return": [(10, 0.5)]}
 
 
 def test_a_run_writes_losses_stats_signals_evaluations_and_throughput(tmp_path):
