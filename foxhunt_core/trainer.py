@@ -168,8 +168,11 @@ class Trainer:
         """Push this interval's temperatures ``tau_t * liquid_mod[d]`` and iqn_readiness to the
         collector (once per stats interval: on the GPU they are device scalars)."""
         t = self.settings.train
-        tau = annealed_tau(self.step, t.steps, t.tau, t.tau_min, t.tau_decay_fraction)
-        self.collector.set_exploration(tau * self.liquid.mod, iqn_readiness(self.step, t.steps, t.iqn_ramp_fraction))
+        # the schedules are read at the last interval's boundary, so that a run resumed between two
+        # boundaries explores as the uninterrupted run did since that boundary
+        at = self.step - self.step % t.stats_every
+        tau = annealed_tau(at, t.steps, t.tau, t.tau_min, t.tau_decay_fraction)
+        self.collector.set_exploration(tau * self.liquid.mod, iqn_readiness(at, t.steps, t.iqn_ramp_fraction))
 
     def _act(self, obs: np.ndarray, params: Any = None) -> np.ndarray:
         """Greedy actions for observations on the host (evaluation), of ``params`` (default: online)."""

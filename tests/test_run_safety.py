@@ -51,6 +51,25 @@ def test_checkpoints_by_time_besides_by_updates(tmp_path):
     assert [e["step"] for e in _events(run2, "checkpoint")] == [120]  # 0: by updates only
 
 
+@pytest.mark.parametrize("at", [3, 33, 47])
+def test_a_resume_between_two_stats_intervals_explores_as_the_straight_run(tmp_path, at):
+    """A checkpoint taken by time may fall between two Q-statistics intervals; the resumed run must
+    read the exploration schedules where the uninterrupted run last read them."""
+    s = _settings(steps=80, checkpoint_every=1000, checkpoint_minutes=0)
+    assert at % s.train.stats_every and 0 < at < s.train.steps
+    straight = Trainer(s, None, tmp_path / "a")
+    straight.train()
+    first = Trainer(s, None, tmp_path / "b")
+    first.train(until_step=at)
+    first.save()
+    resumed = Trainer(s, None, tmp_path / "b")
+    resumed.load(tmp_path / "b" / CHECKPOINT)
+    resumed.train()
+    a, b = _params(straight), _params(resumed)
+    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+    assert straight.history == resumed.history
+
+
 def test_a_crash_after_a_time_checkpoint_loses_only_the_updates_since(tmp_path, monkeypatch):
     """Resuming from a checkpoint taken by time ends with the parameters of an uninterrupted run."""
     s = _settings(steps=80, checkpoint_every=1000, checkpoint_minutes=0.0002)
