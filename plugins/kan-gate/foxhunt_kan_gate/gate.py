@@ -51,7 +51,7 @@ class _Plan:
     inv_step: float
     slots: int  # G + 1
     offsets: Array  # [W] unit * (G + 1), in the float dtype where that is exact, else intp
-    to_table: Array  # [K, (G + 1) 4] in the dtype: coefficients to cubics, column slot * 4 + q
+    to_table: Array  # [K, (G + 1) 4] float64: coefficients to cubics, column slot * 4 + q
     to_coeff: Array  # [(G + 1) 4, K] float64: moments to coefficient gradients
     slope_scale: Array  # [4] in the dtype: (0, 1, 2, 3) / h, a cubic's coefficients to its slope's
 
@@ -75,7 +75,7 @@ def _make_plan(xp: Any, grid: Grid, dtype: np.dtype, width: int) -> _Plan:
     offsets = np.arange(width, dtype=dtype if exact else np.intp) * slots
     m = power_map(grid).reshape(grid.num_bases, slots * PIECES)
     scale = np.arange(PIECES, dtype=float) / grid.step
-    arrays = [xp.asarray(a) for a in (offsets, m.astype(dtype), np.ascontiguousarray(m.T), scale.astype(dtype))]
+    arrays = [xp.asarray(a) for a in (offsets, m, np.ascontiguousarray(m.T), scale.astype(dtype))]
     if xp is np:
         for a in arrays:
             a.setflags(write=False)
@@ -144,8 +144,11 @@ def locate_keys(xp: Any, plan: _Plan, pre: Array) -> tuple[Array, Array, Array]:
 
 def cubic_table(xp: Any, plan: _Plan, coeff: Array) -> Array:
     """``[W * (G + 1), 4]``: row ``unit * (G + 1) + slot`` holds the coefficients of ``1, t, t^2,
-    t^3`` of the unit's cubic on that slot."""
-    return (coeff @ plan.to_table).reshape(-1, PIECES)
+    t^3`` of the unit's cubic on that slot. The product is taken in float64: it is small ([W, K] by
+    [K, 4 (G + 1)]), and a float32 product on a GPU may run on TF32 tensor cores (10-bit mantissa),
+    which put the CuPy twin 2e-4 away from the kernels."""
+    table = coeff.astype(np.float64) @ plan.to_table
+    return table.astype(coeff.dtype, copy=False).reshape(-1, PIECES)
 
 
 def _horner(rows: Array, t: Array, first: int = 0) -> Array:
