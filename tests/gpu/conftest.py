@@ -6,8 +6,9 @@ so nothing here may import CuPy at collection time.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+
+from foxhunt_core.testing.gpu import fresh_rng
 
 
 @pytest.fixture
@@ -19,10 +20,7 @@ def cp():
 @pytest.fixture
 def rng(request):
     """A generator with a fresh seed each run; the seed is printed (shown when the test fails)."""
-    seed = int(np.random.SeedSequence().entropy % 2**63)
-    request.node.user_properties.append(("seed", seed))
-    print(f"random seed: {seed}")
-    return np.random.default_rng(seed)
+    return fresh_rng(request)
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,8 @@ from foxhunt_kan_gate.gate import gate_backward, gate_forward
 from foxhunt_kan_gate.spline import Grid
 from foxhunt_kan_gate.stage import CudaCache, KanGateStage, initial_fit
 
+from foxhunt_core.testing.gpu import fresh_rng, host_relative_error
+
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
 KINK = 1e-4
@@ -30,10 +32,7 @@ SHAPES = [(1, 256), (37, 100), (1000, 33), (4096, 256), (65_536, 256)]
 
 @pytest.fixture
 def rng(request):
-    seed = int(np.random.SeedSequence().entropy % 2**63)
-    request.node.user_properties.append(("seed", seed))
-    print(f"random seed: {seed}")
-    return np.random.default_rng(seed)
+    return fresh_rng(request)
 
 
 @pytest.fixture
@@ -61,11 +60,7 @@ def _twin(grid: Grid, pre, coeff, residual):
     return gate, cache, raw, (c64, r64)
 
 
-def _rel(out, ref) -> float:
-    o = np.asarray(out.get() if hasattr(out, "get") else out, np.float64)
-    r = np.asarray(ref, np.float64)
-    assert o.shape == r.shape
-    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+_rel = host_relative_error
 
 
 @pytest.mark.parametrize("grid", GRIDS, ids=str)

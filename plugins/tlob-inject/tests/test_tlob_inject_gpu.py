@@ -15,6 +15,8 @@ import pytest
 from foxhunt_tlob_inject.options import ORDER_FEATURES, URGENCY_FEATURES
 from foxhunt_tlob_inject.stage import FeatureColumns, gather_columns
 
+from foxhunt_core.testing.gpu import fresh_rng, host_relative_error
+
 pytestmark = pytest.mark.gpu
 LISTS = [ORDER_FEATURES, URGENCY_FEATURES, ("microprice_dev", "ret_1", "ret_2", "ofi", "position")]
 WIDENED = [f"branch{d}.{w}" for d in (2, 3) for w in ("w_gate", "w_val")]
@@ -22,10 +24,7 @@ WIDENED = [f"branch{d}.{w}" for d in (2, 3) for w in ("w_gate", "w_val")]
 
 @pytest.fixture
 def rng(request):
-    seed = int(np.random.SeedSequence().entropy % 2**63)
-    request.node.user_properties.append(("seed", seed))
-    print(f"random seed: {seed}")
-    return np.random.default_rng(seed)
+    return fresh_rng(request)
 
 
 @pytest.fixture
@@ -33,11 +32,7 @@ def cp():
     return pytest.importorskip("cupy")
 
 
-def _rel(out, ref) -> float:
-    o = np.asarray(out.get() if hasattr(out, "get") else out, np.float64)
-    r = np.asarray(ref, np.float64)
-    assert o.shape == r.shape
-    return float(np.linalg.norm(o - r) / max(np.linalg.norm(r), 1e-30))
+_rel = host_relative_error
 
 
 @pytest.mark.parametrize("names", LISTS, ids=lambda n: n[0])
