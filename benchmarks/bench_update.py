@@ -2,6 +2,7 @@
 
     python benchmarks/bench_update.py [--batches 4096 16384 65536] [--repeats 50] [--json out.json]
         [--foxhunt VARIANT ...] [--torch KIND ...] [--max-autotune B ...] [--stack-max N] [--flags FILE ...]
+        [--tanh-gate]
 
 In one run on one GPU, for each batch size:
 
@@ -37,6 +38,9 @@ In one run on one GPU, for each batch size:
   stages and its run settings' network, TF32 and GEMM tuning as stage 0's) at the same batch
   sizes, beside stage 0 in the same run, with its ratio to stage 0 and the stages its execution
   plan puts on the slow path;
+* ``foxhunt + tanh_gate`` with ``--tanh-gate``: stage 0 with the tests' tanh gate
+  (``tests/hook_plugins.py``; its CUDA fragment ``tests/tanh_gate.cuh``), a gate with a parameter
+  per unit, beside stage 0 with its ratio;
 * the same four (and max-autotune) ``tuned``: ``PeerNet(tuned=True)`` (the same function with
   its unaligned layers zero-padded and the attention as fused broadcast products) and Adam as
   one fused kernel.
@@ -147,7 +151,7 @@ def plan_overrides(plan: dict | None) -> dict:
 
 
 def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: bool = False,
-                  plan: dict | None = None, flags: Any = None) -> float:
+                  plan: dict | None = None, flags: Any = None, tanh_gate: bool = False) -> float:
     """ms per update; ``lt=False`` sends every GEMM to ``cublasGemmEx``, ``tune=True`` lets
     cuBLASLt time its candidate algorithms per GEMM shape first (during the warm-up), ``plan``
     builds the update's execution plan with these overrides (``side_stream=False``: everything on
@@ -159,7 +163,7 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     with the whole tile's h staged for one hand-off to the TMA unit, ``("pv_tma", False)`` for the
     pre-activations it keeps stored from the registers rather than by TMA); ``flags`` a loaded flag
     file (:func:`foxhunt_core.flags.load_flags`) whose plugin stages and network the agent takes
-    (default: stage 0, the default settings)."""
+    (default: stage 0, the default settings); ``tanh_gate`` adds the tests' tanh gate to stage 0."""
     from foxhunt_core.gpu import cublaslt
 
     overrides = plan_overrides(plan)
@@ -167,7 +171,7 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
     was = cublaslt.autotune_enabled()
     cublaslt.set_autotune(tune)
     try:
-        return _bench_foxhunt(B, repeats, graphs, overrides, flags)
+        return _bench_foxhunt(B, repeats, graphs, overrides, flags, tanh_gate)
     finally:
         cublaslt.set_enabled(True)
         cublaslt.set_autotune(was)
@@ -176,7 +180,7 @@ def bench_foxhunt(B: int, repeats: int, graphs: bool, lt: bool = True, tune: boo
 SLOW_PATHS: dict[str, list[str]] = {}  # flag file -> its plan's stages on the slow path (for the report)
 
 
-def _bench_foxhunt(B: int, repeats: int, graphs: bool, plan: dict, flags: Any) -> float:
+def _bench_foxhunt(B: int, repeats: int, graphs: bool, plan: dict, flags: Any, tanh_gate: bool = False) -> float:
     import cupy as cp
 
     from foxhunt_core.agent import Agent
@@ -186,10 +190,18 @@ def _bench_foxhunt(B: int, repeats: int, graphs: bool, plan: dict, flags: Any) -
 
     if flags is None:
         settings, plugins, options = RunSettings(), PluginSet(), {}
+        if tanh_gate:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from foxhunt_core.plugins import LoadedPlugin
+            from hook_plugins import TanhGatePlugin
+
+            plugins = PluginSet([LoadedPlugin("tanh_gate", 5, TanhGatePlugin())])
     else:
         settings = flags.settings
         plugins, options = (flags.registry or discover()).plugin_set(flags.enabled), flags.option_models
     agent = Agent(settings, plugins, cp, np.random.default_rng(0), options=options, plan_overrides=plan)
+    if tanh_gate:
+        SLOW_PATHS["tanh_gate"] = [f"{st.hook} {st.name}: {st.why}" for st in agent.plan.stages if st.path == "slow"]
     if flags is not None:
         SLOW_PATHS[str(flags.path)] = [f"{st.hook} {st.name}: {st.why}" for st in agent.plan.stages
                                        if st.path == "slow"]
@@ -313,6 +325,8 @@ def main() -> int:
     ap.add_argument("--flags", type=Path, nargs="+", default=[], metavar="FILE",
                     help="also time the captured update of each flag set (its stages and network), beside stage 0 "
                          "(a 'foxhunt FILE' column each)")
+    ap.add_argument("--tanh-gate", action="store_true",
+                    help="also time stage 0 with the tests' tanh gate (its CUDA fragment), beside stage 0")
     args = ap.parse_args()
     from foxhunt_core.flags import FlagError, load_flags
 
@@ -341,6 +355,11 @@ def main() -> int:
         if args.stack_max is not None:
             res[f"foxhunt stack<={args.stack_max}"] = bench_foxhunt(B, args.repeats, graphs=True, tune=True,
                                                                    plan=dict(stack_max_rows=args.stack_max))
+        if args.tanh_gate:
+            col = "foxhunt + tanh_gate"
+            res[col] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, tanh_gate=True)
+            print(f"B={B} {col}: {res[col]:.3f} ms ({res[col] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
+                  flush=True)
         for col, f in flag_sets.items():
             res[col] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f)
             print(f"B={B} {col}: {res[col]:.3f} ms ({res[col] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
@@ -362,7 +381,9 @@ def main() -> int:
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
     stacked = [f"foxhunt stack<={args.stack_max}"] if args.stack_max is not None else []
-    cols = [*FOXHUNT_VARIANTS, *stacked, *flag_sets, *(f"torch {k}" for k in (*TORCH_KINDS, *MAX_AUTOTUNE_KINDS))]
+    gated = ["foxhunt + tanh_gate"] if args.tanh_gate else []
+    cols = [*FOXHUNT_VARIANTS, *stacked, *gated, *flag_sets,
+            *(f"torch {k}" for k in (*TORCH_KINDS, *MAX_AUTOTUNE_KINDS))]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
     print("|---" * (len(cols) + 3) + "|")
@@ -372,14 +393,15 @@ def main() -> int:
         ratio = torch_best / r["foxhunt"]
         print(f"| {r['batch']} | " + " | ".join(f"{r[c]:.3f}" if c in r else "-" for c in cols)
               + f" | {ratio:.2f}x | {r['gemm_tflops']:.0f} ({r['ceiling_tflops']:.0f}) |")
-    if flag_sets:
+    if flag_sets or gated:
         print("\nflag sets against stage 0 in the same run (ms per update, ratio):")
         print("| flag set | " + " | ".join(f"B = {r['batch']}" for r in rows) + " |")
         print("|---" * (len(rows) + 1) + "|")
-        for col, f in flag_sets.items():
+        named = [(c, "tanh_gate") for c in gated] + [(c, str(f.path)) for c, f in flag_sets.items()]
+        for col, key in named:
             print(f"| {col.removeprefix('foxhunt ')} | "
                   + " | ".join(f"{r[col]:.3f} ({r[col] / r['foxhunt']:.3f}x)" for r in rows) + " |")
-            for line in SLOW_PATHS.get(str(f.path), []):
+            for line in SLOW_PATHS.get(key, []):
                 print(f"  slow path: {line}")
     from foxhunt_core.gpu import cublaslt
 

@@ -33,7 +33,8 @@ from bench_stack import graph_us  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "foxhunt_core" / "kernels" / "glu_gemm.cu"
 
-SIGMOID = "float h0 = fast_sigmoid(g0) * v0, h1 = fast_sigmoid(g1) * v1;"
+SIGMOID = ("float h0 = gate_value(g0, gate_unit(gate, branch, unit)) * v0;\n"
+           "                float h1 = gate_value(g1, gate_unit(gate, branch, unit + 1)) * v1;")
 STORE = ('                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\\n"\n'
          '                                 ::"r"(staged_at(slot, r0 + 8 * half, 8 * j + 2 * q - 32 * b0)), '
          '"f"(v.x), "f"(v.y)\n                                 : "memory");')
@@ -44,7 +45,7 @@ RELEASE = "            staging_release();"
 # name: [(old, new), ...] in glu_gemm.cu
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "kernel": [],
-    "no sigmoid": [(SIGMOID, "float h0 = g0 * v0, h1 = g1 * v1;")],
+    "no sigmoid": [(SIGMOID, "float h0 = g0 * v0, h1 = g1 * v1; (void)unit;")],
     "no TMA store": [("tma_store(map, slot", "if (M < 0) tma_store(map, slot")],
     "no staging": [  # the values summed into one register, stored never
         (STORE, "                    sink += v.x + v.y;"),

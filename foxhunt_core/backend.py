@@ -82,12 +82,13 @@ def compute_capability() -> str:
     return str(cupy.cuda.Device().compute_capability)
 
 
-def load_module(cu_path: str, defines: dict[str, Any] | None = None) -> Any:
+def load_module(cu_path: str, defines: dict[str, Any] | None = None, include: tuple[str, ...] = ()) -> Any:
     """Compile a ``.cu`` file with NVRTC for the current device and cache it per device.
 
     ``defines`` become a ``#define NAME VALUE`` preamble (compile-time constants such as the
     atom count). The source is read from disk, so kernels live in real ``.cu`` files next to
-    the Python that launches them.
+    the Python that launches them. ``include``: directories searched for headers after the
+    file's own (a plugin's gate fragment).
     """
     from pathlib import Path
 
@@ -95,7 +96,8 @@ def load_module(cu_path: str, defines: dict[str, Any] | None = None) -> Any:
 
     path = Path(cu_path)
     defs = tuple(sorted((str(k), str(v)) for k, v in (defines or {}).items()))
-    key = (cupy.cuda.Device().id, str(path.resolve()), defs)
+    dirs = tuple(str(Path(d).resolve()) for d in include)
+    key = (cupy.cuda.Device().id, str(path.resolve()), defs, dirs)
     mod = _MODULE_CACHE.get(key)
     if mod is None:
         try:
@@ -106,7 +108,8 @@ def load_module(cu_path: str, defines: dict[str, Any] | None = None) -> Any:
         arch = f"-arch=sm_{compute_capability()}" + ("a" if ARCH_SPECIFIC in src else "")
         try:
             # -I: a kernel may include headers that sit beside it (philox.cuh)
-            mod = cupy.RawModule(code=preamble + src, options=(arch, "-std=c++17", f"-I{path.parent.resolve()}"))
+            mod = cupy.RawModule(code=preamble + src, options=(arch, "-std=c++17", f"-I{path.parent.resolve()}",
+                                                               *(f"-I{d}" for d in dirs)))
             mod.compile()
         except Exception as exc:  # noqa: BLE001 - NVRTC errors carry the compiler log
             raise BackendError(f"{path}: compilation failed: {exc}") from None

@@ -58,9 +58,52 @@ class BuildContext:
         return self.options.get(plugin)
 
 
+@dataclass(frozen=True)
+class GateFragment:
+    """A gate's CUDA form: a header of device functions (the contract: ``foxhunt_core/kernels/
+    gate.cuh``) that the core compiles into the GLU kernels' epilogues — ``glu_gemm``'s forward,
+    ``glu_backward_gemm``'s backward — and into its elementwise GLU kernels, so that the gate runs
+    inside the fused update (the execution plan's fast path).
+
+    ``arrays`` names the gate's parameters of branch ``d`` that the fragment reads, with ``{d}``
+    for the branch (``("b{d}.coeff", "b{d}.residual")``), at most two; ``unit_floats`` the floats
+    of each per unit (each array ``[adv_h, unit_floats]`` or ``[adv_h]``, C-contiguous float32),
+    which must be the header's ``GATE_UNIT0`` and ``GATE_UNIT1`` (checked when it compiles). The
+    parameter gradients the kernels form are those arrays' gradients, summed over the batch in a
+    fixed order. ``include`` directories the header's own includes need besides its own;
+    ``defines`` its compile-time settings."""
+
+    header: str
+    arrays: tuple[str, ...] = ()
+    unit_floats: tuple[int, ...] = ()
+    defines: tuple[tuple[str, str], ...] = ()
+    include: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.arrays) > 2 or len(self.unit_floats) != len(self.arrays) or any(
+                int(u) < 1 for u in self.unit_floats):
+            raise ValueError(f"gate fragment {self.header}: up to two parameter arrays, each with a positive "
+                             f"unit_floats; got arrays {self.arrays}, unit_floats {self.unit_floats}")
+
+    @property
+    def terms(self) -> int:
+        """Parameter-gradient terms per unit: every float of a unit's parameters."""
+        return int(sum(self.unit_floats))
+
+    def branch_arrays(self, params: Params, branch: int) -> tuple[Array, ...]:
+        """Branch ``branch``'s parameter arrays the fragment reads, from the gate's ``params``."""
+        return tuple(params[name.format(d=branch)] for name in self.arrays)
+
+
 @runtime_checkable
 class GateActivation(Protocol):
-    """Replaces the sigmoid inside each branch's GLU: ``h = gate(pre) * value``."""
+    """Replaces the sigmoid inside each branch's GLU: ``h = gate(pre) * value``.
+
+    An optional attribute ``fragment`` (read with ``getattr``, default None) is the gate's CUDA
+    form (:class:`GateFragment`): with it the gate runs inside the fused GLU kernels on the GPU;
+    without it, on the slow path (its ``forward`` and ``backward`` per branch, the fused
+    arrangements off), which the run reports once.
+    """
 
     name: str
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from foxhunt_core.hookspecs import hookimpl
 from foxhunt_core.market import schema
+from foxhunt_core.stages import GateFragment
 
 
 class TanhGateStage:
-    """gate = (1 + tanh(s_d * pre)) / 2 with a trained slope vector ``s_d`` per branch."""
+    """gate = (1 + tanh(s_d * pre)) / 2 with a trained slope vector ``s_d`` per branch; its CUDA
+    fragment (``tanh_gate.cuh``) runs it inside the fused GLU kernels on the GPU."""
 
     name = "tanh_gate"
+    fragment = GateFragment(str(Path(__file__).parent / "tanh_gate.cuh"), arrays=("b{d}.slope",), unit_floats=(1,))
 
     def init_params(self, widths, rng):
         return {f"b{d}.slope": np.ones(w) for d, w in enumerate(widths)}
@@ -36,6 +40,18 @@ class TanhGatePlugin:
     @hookimpl
     def gate_activation(self, ctx):
         return TanhGateStage()
+
+
+class PlainTanhGateStage(TanhGateStage):
+    """The same gate without a CUDA fragment: the slow path (its forward and backward per branch)."""
+
+    fragment = None
+
+
+class PlainTanhGatePlugin(TanhGatePlugin):
+    @hookimpl
+    def gate_activation(self, ctx):
+        return PlainTanhGateStage()
 
 
 class AffinePostStage:

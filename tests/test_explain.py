@@ -10,7 +10,7 @@ from foxhunt_core.config import RunSettings, TrainSettings
 from foxhunt_core.explain import ExplainError, plan_for
 from foxhunt_core.net.fused import record
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
-from hook_plugins import CenterPlugin, OfiColumnPlugin, TanhGatePlugin
+from hook_plugins import CenterPlugin, OfiColumnPlugin, PlainTanhGatePlugin, TanhGatePlugin
 
 
 def _plugins(*classes):
@@ -50,7 +50,7 @@ def test_small_batches_stack_and_other_devices_take_no_tensor_core_kernel():
 def test_plugin_stages_without_a_fast_form_are_on_the_slow_path_with_the_reason():
     """A gate of its own and branch-input columns turn the fused path off, as recorded decisions:
     each stage's path and reason, and the choices they switch off with the stage as the reason."""
-    plan = plan_for(RunSettings(), _plugins(CenterPlugin, TanhGatePlugin, OfiColumnPlugin), {}, "90:132")
+    plan = plan_for(RunSettings(), _plugins(CenterPlugin, PlainTanhGatePlugin, OfiColumnPlugin), {}, "90:132")
     paths = {(s.hook, s.name): s for s in plan.stages}
     gate = paths[("gate_activation", "tanh_gate")]
     assert gate.path == "slow" and "no CUDA fragment" in gate.why and "glu_gemm" in gate.why
@@ -63,6 +63,21 @@ def test_plugin_stages_without_a_fast_form_are_on_the_slow_path_with_the_reason(
     assert plan.wgrad_gemm  # the weight gradients over z keep their kernel
     text = record.explain(plan)
     assert "each forward of 128 rows on its own" in text and "the plugin gate's forward, per branch" in text
+
+
+def test_a_gate_with_a_cuda_fragment_is_on_the_fast_path():
+    """The tests' tanh gate ships a fragment: glu_gemm, heads_dueling, glu_backward_gemm and the
+    side stream stay on; only the stacked forwards of small batches go (one tree a launch)."""
+    for B in (128, 65536):
+        plan = plan_for(RunSettings(train=TrainSettings(batch_size=B)), _plugins(TanhGatePlugin), {}, "90:132")
+        gate = {(s.hook, s.name): s for s in plan.stages}[("gate_activation", "tanh_gate")]
+        assert gate.path == "fast" and "fragment" in gate.why
+        assert plan.gate_fast and plan.pairs and plan.glu_gemm and plan.glu_backward_gemm and plan.joint_dz
+        assert not plan.stacks(B) and "parameters of its own" in plan.stacks(B).why
+        kernels = " ".join(c["kernel"] for c in record.choices(plan))
+        assert "the plugin gate" not in kernels and "glu_gemm" in kernels
+        if B == 65536:
+            assert "glu_backward_gemm" in kernels and "each forward of" not in record.explain(plan)
 
 
 def test_no_plan_without_a_device_to_plan_for():

@@ -40,7 +40,7 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
-def _compile(cu: Path, defines: dict[str, str], tmp: Path, cubin: bool = False) -> str:
+def _compile(cu: Path, defines: dict[str, str], tmp: Path, cubin: bool = False, include: tuple[str, ...] = ()) -> str:
     """Compile ``cu`` as load_module does: the defines as a ``#define`` preamble before the source.
     Returns the compiler's messages (with ``cubin``, through ptxas with its resource report).
 
@@ -53,7 +53,7 @@ def _compile(cu: Path, defines: dict[str, str], tmp: Path, cubin: bool = False) 
     arch = "sm_90a" if ARCH_SPECIFIC in cu.read_text() else "sm_90"  # as load_module picks it
     out = ["-cubin", "-Xptxas", "-v"] if cubin else ["-ptx"]
     out += ["-o", str(tmp / f"{cu.stem}.{out[0][1:]}")]
-    cmd = [NVCC, *out, f"-arch={arch}", "-std=c++17", f"-I{cu.parent}", str(src)]
+    cmd = [NVCC, *out, f"-arch={arch}", "-std=c++17", f"-I{cu.parent}", *(f"-I{d}" for d in include), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         pytest.fail(f"{_rel(cu)} does not compile for {arch} with {defines}:\n{res.stderr}{res.stdout}")
@@ -70,6 +70,38 @@ def test_compiles_for_sm90(cu: Path, tmp_path: Path) -> None:
 def test_update_kernels_compile_for_other_sizes(tmp_path: Path) -> None:
     for cu in (p for p in CORE_SOURCES if p.stem in SIZE_GENERIC):
         _compile(cu, OTHER_DEFINES, tmp_path)
+
+
+def _gate_fragments() -> dict[str, object]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from hook_plugins import TanhGateStage
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    from foxhunt_kan_gate.spline import Grid
+    from foxhunt_kan_gate.stage import KanGateStage
+
+    return {"tanh_gate": TanhGateStage.fragment, "kan_gate": KanGateStage().fragment,
+            "kan_gate 12 bases": KanGateStage(grid=Grid(num_bases=12)).fragment}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("gate", ["tanh_gate", "kan_gate", "kan_gate 12 bases"])
+def test_gate_fragments_compile_into_the_glu_kernels(gate: str, tmp_path: Path) -> None:
+    """A gate's fragment as the launch wrappers compile it in (GateLaunch.compile_options): into
+    glu_gemm's and glu_backward_gemm's epilogues and gate_glu.cu's kernels. glu_backward_gemm takes
+    up to GB_GATE_TERMS_MAX terms (a wider gate is refused by its static_assert, and the plan sends
+    its backward to gate_glu_backward)."""
+    from foxhunt_core.gpu.gate import GateLaunch
+
+    fragment = _gate_fragments()[gate]
+    defs, include = GateLaunch(fragment).compile_options()
+    defs = {**DEFAULT_DEFINES, **{k: str(v) for k, v in defs.items()}}
+    kernels = ROOT / "foxhunt_core" / "kernels"
+    _compile(kernels / "glu_gemm.cu", defs, tmp_path, include=include)
+    _compile(kernels / "gate_glu.cu", defs, tmp_path, include=include)
+    if fragment.terms <= defines.value("GB_GATE_TERMS_MAX"):
+        _compile(kernels / "glu_backward_gemm.cu", defs, tmp_path, include=include)
 
 
 @pytest.mark.parametrize("cu", SOURCES, ids=_rel)

@@ -100,9 +100,16 @@ def _entries() -> list[tuple[str, list[Define]]]:
             Define("GB_PARTS", gb_bh // 32, "the staging buffer's parts: a gate box and its value box"),
             Define("GB_THREADS", tc_threads + 64, "+ a warp that loads pv and one that stores its gradient"),
             Define("GB_NQ_MAX", 4, "dq's columns, at most"),
+            Define("GB_GATE_TERMS_MAX", 9, "a gate's parameter-gradient terms per unit, at most (kan_gate's 8 "
+                                           "bases and residual: the consumers' sums then fit their registers)"),
             Define("GB_STAGES", 3, "shared-memory stages of the ring (variant)"),
             Define("GB_NQ", 0, "dq's columns (0: no dq; variant)"),
             Define("GB_TAIL_STEPS", 4, "k steps of 8 in the last chunk (variant)"),
+        ]),
+        ("gate.cuh and gate_glu.cu (a gate's fragment in the GLU kernels)", [
+            Define("GATE_MAX_SETS", 8, "branches of one launch whose gate parameters it reads, at most"),
+            Define("GG_UNIT_TILE", 32, "gate_glu_backward's block: units ..."),
+            Define("GG_ROW_THREADS", 8, "... by threads down the rows"),
         ]),
         ("wgrad_gemm.cu", [
             Define("WG_N", wg_n, "the main wgmma's N: xt's rows 0..255"),

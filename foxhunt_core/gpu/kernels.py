@@ -38,7 +38,12 @@ Kernel: NumPy twin (the oracle of ``tests/gpu``); thread mapping.
   ``wgrad_gemm_sets`` likewise for up to four products at once, the batch-major input transposed
   in shared memory. ``glu_backward_gemm``: ``reference.glu_backward_gemm`` (the heads' input
   gradient and the GLU's backward in its epilogue); a CTA per SM, a tile of 128 rows and 128 GLU
-  columns. ``round_tf32``: a thread per element.
+  columns. ``round_tf32``: a thread per element. Both GEMM epilogues compile a gate's CUDA
+  fragment in (``gate.cuh``; the sigmoid by default): the gate, and in the backward the sums of
+  its parameter gradients (per CTA, then ``gate_terms_reduce`` in a fixed order).
+- ``gate_glu_forward/backward`` (:mod:`.gate`): ``reference.gate_glu_forward/backward`` (the GLU
+  with a fragment's gate: the stage's own forward and backward); a thread per element forward,
+  a block of 32 units x 8 row threads backward with per-block sums, then ``gate_glu_reduce``.
 - ``attention_forward/backward`` (:mod:`.qkernels`): ``attention.forward/backward``; 16 threads
   per sample, then a deterministic two-pass reduction of the parameter gradients.
 - ``q_stats_reduce`` (:mod:`.qkernels`): ``qpipe.q_statistics``; multi-block partials + one block.
@@ -71,6 +76,7 @@ from .elementwise import (
     vsn_backward,
     vsn_forward,
 )
+from .gate import GateLaunch, branch_launch, built_in, gate_glu_backward, gate_glu_forward, gate_terms_reduce
 from .launch import THREADS, sm_count
 from .optim import adam_step, adam_workspace
 from .qkernels import (
@@ -163,6 +169,12 @@ __all__ = [
     "copy",
     "dueling_backward",
     "dueling_softmax_forward",
+    "GateLaunch",
+    "branch_launch",
+    "built_in",
+    "gate_glu_backward",
+    "gate_glu_forward",
+    "gate_terms_reduce",
     "glu_backward",
     "glu_backward_gemm",
     "glu_forward",

@@ -25,15 +25,16 @@ _FUNCS: dict[tuple[Any, ...], Any] = {}
 _SM_COUNT: dict[int, int] = {}
 
 
-def get_kernel(cu_file: str, name: str, defines: dict[str, Any] | None = None) -> Any:
-    """The ``RawKernel`` ``name`` of ``kernels/<cu_file>`` compiled with ``defines`` (cached per device)."""
+def get_kernel(cu_file: str, name: str, defines: dict[str, Any] | None = None, include: tuple[str, ...] = ()) -> Any:
+    """The ``RawKernel`` ``name`` of ``kernels/<cu_file>`` compiled with ``defines`` and headers also
+    searched for in ``include`` (cached per device)."""
     import cupy
 
     defs = tuple(sorted((str(k), str(v)) for k, v in (defines or {}).items()))
-    key = (cupy.cuda.Device().id, cu_file, defs, name)
+    key = (cupy.cuda.Device().id, cu_file, defs, tuple(include), name)
     fn = _FUNCS.get(key)
     if fn is None:
-        fn = load_module(str(KERNEL_DIR / cu_file), dict(defs)).get_function(name)
+        fn = load_module(str(KERNEL_DIR / cu_file), dict(defs), tuple(include)).get_function(name)
         _FUNCS[key] = fn
     return fn
 

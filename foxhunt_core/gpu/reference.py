@@ -8,6 +8,7 @@ the oracles of ``tests/gpu``; the core modules they call are the product's CPU p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -142,12 +143,50 @@ def glu_forward(pv: Array, width: int | None = None, blocks: int = 1) -> tuple[A
     return gate, augment(gate * pv[:, H:], width), pv[:, H:]
 
 
+def gate_glu_forward(pv: Array, gate: Any, width: int | None = None, blocks: int = 1) -> Array:
+    """The augmented ``h`` [B, blocks width] of the GLU with the gate of ``gate`` (a
+    :class:`~foxhunt_core.gpu.gate.GateLaunch`): block ``b``'s gate is the stage's own forward for
+    the network's branch ``gate.branches[b]``."""
+    H = pv.shape[1] // (2 * blocks)
+    outs = []
+    for b, d in enumerate(gate.branches):
+        pre, val = pv[:, 2 * H * b : 2 * H * b + H], pv[:, 2 * H * b + H : 2 * H * (b + 1)]
+        g, _ = gate.stage.forward(np, gate.tree, d, pre)
+        outs.append(augment(g * val, width))
+    return np.concatenate(outs, axis=1)
+
+
+def gate_glu_backward(dh: Array, pv: Array, gate: Any, blocks: int = 1) -> tuple[Array, dict]:
+    """``(dpv, grads)``: :func:`gate_glu_forward`'s backward, ``dpv`` ``[dpre | dval]`` per block
+    and the gate's parameter gradients of the launch's branches (the stage's own backward)."""
+    H = pv.shape[1] // (2 * blocks)
+    dpv, grads = np.empty_like(pv), {}
+    for b, d in enumerate(gate.branches):
+        pre, val = pv[:, 2 * H * b : 2 * H * b + H], pv[:, 2 * H * b + H : 2 * H * (b + 1)]
+        g, cache = gate.stage.forward(np, gate.tree, d, pre)
+        dhb = dh[:, H * b : H * (b + 1)]
+        dpre, gg = gate.stage.backward(np, gate.tree, d, cache, dhb * val)
+        dpv[:, 2 * H * b : 2 * H * b + H] = dpre
+        dpv[:, 2 * H * b + H : 2 * H * (b + 1)] = dhb * g
+        grads.update(gg)
+    return dpv, grads
+
+
 def glu_gemm(u: Array, w: Array, bias: Array | None = None, width: int | None = None,
-             blocks: int = 1) -> tuple[Array, Array]:
+             blocks: int = 1, gate: Any = None) -> tuple[Array, Array]:
     """``(pv, h)`` of the GLU layer in one: ``pv = u w (+ bias)`` [B, blocks 2H], then
-    :func:`glu_forward`'s augmented ``h`` [B, blocks width]."""
+    :func:`glu_forward`'s augmented ``h`` [B, blocks width] (:func:`gate_glu_forward`'s with a
+    ``gate`` other than the sigmoid)."""
     pv = u @ w + (0.0 if bias is None else bias)
+    if gate is not None and not _sigmoid(gate):
+        return pv, gate_glu_forward(pv, gate, width, blocks)
     return pv, glu_forward(pv, width, blocks)[1]
+
+
+def _sigmoid(gate: Any) -> bool:
+    from .gate import built_in
+
+    return built_in(gate.fragment)
 
 
 def linear_gemm(a: Sequence[Array], w: Sequence[Array], bias: Sequence[Array | None] | None = None,
@@ -190,11 +229,14 @@ def glu_backward(dh: Array, pv: Array, blocks: int = 1) -> Array:
     return np.concatenate([L.sigmoid_backward(gate, dh * val), dh * gate], axis=1)
 
 
-def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array) -> Array:
+def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, gate: Any = None) -> Any:
     """:func:`glu_backward` of ``dh = [dadv[b] @ wo[b].T, ...]`` (each branch's GLU output gradient
     from its advantage head's, ``wo[b]`` [H, K] the head's weights as the layer holds them): pv's
-    gradient [B, blocks 2H]."""
+    gradient [B, blocks 2H]; with a ``gate`` other than the sigmoid, :func:`gate_glu_backward`'s
+    ``(dpv, grads)``."""
     dh = np.concatenate([a @ w.T for a, w in zip(dadv, wo)], axis=1)
+    if gate is not None and not _sigmoid(gate):
+        return gate_glu_backward(dh, pv, gate, len(dadv))
     return glu_backward(dh, pv, len(dadv))
 
 

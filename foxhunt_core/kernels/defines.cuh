@@ -157,6 +157,9 @@
 #ifndef GB_NQ_MAX
 #define GB_NQ_MAX 4  // dq's columns, at most
 #endif
+#ifndef GB_GATE_TERMS_MAX
+#define GB_GATE_TERMS_MAX 9  // a gate's parameter-gradient terms per unit, at most (kan_gate's 8 bases and residual: the consumers' sums then fit their registers)
+#endif
 #ifndef GB_STAGES
 #define GB_STAGES 3  // shared-memory stages of the ring (variant)
 #endif
@@ -165,6 +168,17 @@
 #endif
 #ifndef GB_TAIL_STEPS
 #define GB_TAIL_STEPS 4  // k steps of 8 in the last chunk (variant)
+#endif
+
+// gate.cuh and gate_glu.cu (a gate's fragment in the GLU kernels)
+#ifndef GATE_MAX_SETS
+#define GATE_MAX_SETS 8  // branches of one launch whose gate parameters it reads, at most
+#endif
+#ifndef GG_UNIT_TILE
+#define GG_UNIT_TILE 32  // gate_glu_backward's block: units ...
+#endif
+#ifndef GG_ROW_THREADS
+#define GG_ROW_THREADS 8  // ... by threads down the rows
 #endif
 
 // wgrad_gemm.cu

@@ -10,7 +10,10 @@
 //                              Wo_b [H, K] (the head's weights, as the layer holds them: its rows are
 //                              dh's columns, K-major as wgmma reads them; rounded to TF32 by the caller)
 //     pv [M, blocks 2H]: branch b's [gate | value] pre-activations at 2 H b, replaced by
-//     [dh v s (1 - s) | dh s] with s = sigmoid(gate), v = value (glu_backward's arithmetic)
+//     [dh v gate'(x) | dh gate(x)], x the gate's pre-activation, v the value, the gate gate.cuh's
+//     fragment (the sigmoid: [dh v s (1 - s) | dh s], s = sigmoid(x), glu_backward's arithmetic)
+//     reading branch b's parameters from gate.p[b]; with a gate of parameters (GATE_TERMS > 0),
+//     gate_partial: each CTA's share of its column tile's units' parameter gradients (below)
 //
 // Why: the backward otherwise writes dh [M, blocks H] from cuBLAS's GEMM and glu_backward reads it
 // back with pv and writes pv's gradient: dh's round trip through memory is a third of that traffic.
@@ -33,11 +36,20 @@
 // lane adds the tile's sum to dq with an atomic add. With at most two column tiles per branch
 // (H <= 256) and dq zeroed first, the sum is exact to the order: 0 + a + b = 0 + b + a.
 //
+// The gate's parameter gradients (GATE_TERMS > 0): each element's terms are summed in registers
+// over the thread's two rows, then over the 8 lanes that share its columns by shuffles, half a
+// part at a time (each lane keeps one column of the part's eight, with all its terms), and into
+// accumulators that the lane keeps over every tile of the kernel: with a grid that is a multiple
+// of the column tiles (the wrapper's), a CTA's tiles are all of one column tile. At the end every
+// warp writes its sums, [CTA][warp][column of the tile][term], and gate_terms_reduce (gate_glu.cu)
+// adds them up in a fixed order: the same bits on every run, no atomics.
+//
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_backward_gemm): the tensor
 // maps describe dadv_b [M, K] and Wo_b [H, K] with boxes of 32 columns x 128 rows and pv
 // [M, blocks 2H] with boxes of 32 columns x 128 rows, 128-byte swizzle; H a multiple of 128.
 
 #include "activation.cuh"
+#include "gate.cuh"
 #include "tc_gemm.cuh"
 
 // GB_BH (GLU columns per tile: the wgmma's N), GB_SETS (branches per launch), GB_PARTS (the
@@ -49,7 +61,40 @@
 #define GB_TILE_PV (2 * GB_PARTS * GB_BOX)       // 128 KiB (+ 3 stages: 224 KiB of the 227 a block may have)
 static_assert(GB_PARTS == GB_BH / 32 && GB_THREADS == TC_THREADS + 64, "glu_backward_gemm's parts and warps");
 static_assert(GB_NQ >= 0 && GB_NQ <= GB_NQ_MAX, "dq takes up to GB_NQ_MAX columns");
+static_assert(GATE_TERMS <= GB_GATE_TERMS_MAX, "the gate's parameter-gradient sums take up to GB_GATE_TERMS_MAX terms");
 static_assert(GB_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
+
+#if GATE_TERMS > 0
+// Half a part's terms (4 columns: k = 2 (jj - 2 h) + c, GLU column 8 jj + 2 q + c of the part)
+// summed over the 8 lanes of this q (lane bits 4, 3, 2 are g's bits 2, 1, 0): a reduce-scatter
+// over bits 2 and 1 leaves lane g column k = 2 (g >> 2 & 1) + (g >> 1 & 1) of the 4, the last
+// step (bit 0) sums that column over the lane pair, and the lane with g % 2 == h keeps it: lane g
+// owns column 8 (2 (g % 2) + (g >> 2 & 1)) + 2 q + (g >> 1 & 1) of every part (gate_own_column).
+__device__ __forceinline__ void gate_terms_scatter(const float (&pt)[4][GATE_TERMS], float (&own)[GATE_TERMS], int g,
+                                                   int h) {
+    const int hi = (g >> 2) & 1, mid = (g >> 1) & 1;
+    float r2[2][GATE_TERMS];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int t = 0; t < GATE_TERMS; ++t) {
+            const float keep = hi ? pt[2 + i][t] : pt[i][t], give = hi ? pt[i][t] : pt[2 + i][t];
+            r2[i][t] = keep + __shfl_xor_sync(0xffffffffu, give, 16);
+        }
+#pragma unroll
+    for (int t = 0; t < GATE_TERMS; ++t) {
+        const float keep = mid ? r2[1][t] : r2[0][t], give = mid ? r2[0][t] : r2[1][t];
+        const float mine = keep + __shfl_xor_sync(0xffffffffu, give, 8);
+        const float pair = mine + __shfl_xor_sync(0xffffffffu, mine, 4);
+        if ((g & 1) == h) own[t] += pair;
+    }
+}
+
+// The column of each part whose sums lane g of quad q owns (gate_terms_scatter).
+__device__ __forceinline__ int gate_own_column(int g, int q) {
+    return 8 * (2 * (g & 1) + ((g >> 2) & 1)) + 2 * q + ((g >> 1) & 1);
+}
+#endif
 
 // Every branch's tensor maps and pv's, passed by value (__grid_constant__): a captured graph keeps
 // its own copy.
@@ -64,7 +109,8 @@ __device__ __forceinline__ int part_col(int x, int b, int j0, int H) {
 
 extern "C" __global__ void __launch_bounds__(GB_THREADS, 1) __cluster_dims__(1, 1, 1)
 glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H, int blocks,
-                  float* __restrict__ dq, int ld_dq, const float* __restrict__ wq, int ld_wq, int dq_set)
+                  float* __restrict__ dq, int ld_dq, const float* __restrict__ wq, int ld_wq, int dq_set,
+                  const __grid_constant__ GateArgs gate, float* __restrict__ gate_partial)
 {
     extern __shared__ unsigned char smem_raw[];
     unsigned stg;  // the tile's pre-activations, then their gradients: part x's gate box at x, value box at x + GB_PARTS
@@ -129,6 +175,14 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
     const int g = lane >> 2, q = lane & 3;
     unsigned phase = 0;
     float acc[GB_BH / 2];
+#if GATE_TERMS > 0
+    // The gate's parameter-gradient sums this lane keeps: part x's column gate_own_column(g, q).
+    float own[GB_PARTS][GATE_TERMS];
+#pragma unroll
+    for (int x = 0; x < GB_PARTS; ++x)
+#pragma unroll
+        for (int t = 0; t < GATE_TERMS; ++t) own[x][t] = 0.0f;
+#endif
 #if GB_NQ > 0
     // Wq's weights at this tile's columns, spread over the lanes: the 16 (part, jj) steps of the
     // epilogue each need 4 GB_NQ weights (gate and value, two columns, per dq column), the same for
@@ -140,12 +194,12 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
     int w_tile = -1;
 #endif
     for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
-#if GB_NQ > 0
         const int ct = sched.col_tile(p), m0 = sched.row0(p);
-        const bool with_q = ct / per_branch == dq_set;
+        const int b = ct / per_branch, j0 = (ct % per_branch) * GB_BH;
+#if GB_NQ > 0
+        const bool with_q = b == dq_set;
         if (with_q && ct != w_tile) {
             w_tile = ct;
-            const int j0 = (ct % per_branch) * GB_BH;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int step = 2 * g + h, col = j0 + 32 * (step / 4) + 8 * (step % 4) + 2 * q;
@@ -174,9 +228,19 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
 #if GB_NQ > 0
             float dvk[4][2][2];  // the part's value gradients, kept for dq (its gate gradients go over dh in acc)
 #endif
+#if GATE_TERMS > 0
+            float pt[4][GATE_TERMS];  // parameter-gradient terms of half the part: column 8 (jj0 + k / 2) + 2 q + k % 2
+#endif
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
                 const int j = 4 * x + jj, col = 8 * jj + 2 * q;  // (col within the part's boxes)
+#if GATE_TERMS > 0
+                if (jj % 2 == 0)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+#pragma unroll
+                        for (int t = 0; t < GATE_TERMS; ++t) pt[k][t] = 0.0f;
+#endif
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     const unsigned ag = staged_at(gates, r0 + 8 * half, col);
@@ -185,9 +249,17 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(g0), "=f"(g1) : "r"(ag));
                     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v0), "=f"(v1) : "r"(av));
                     const float dh0 = acc[4 * j + 2 * half], dh1 = acc[4 * j + 2 * half + 1];
-                    const float s0 = stable_sigmoid(g0), s1 = stable_sigmoid(g1);
+                    const int unit = j0 + 32 * x + col;
+                    float s0, s1, t0[GATE_TERM_SLOTS], t1[GATE_TERM_SLOTS];
+                    const float dg0 = gate_backward(g0, gate_unit(gate, b, unit), dh0, v0, &s0, t0);
+                    const float dg1 = gate_backward(g1, gate_unit(gate, b, unit + 1), dh1, v1, &s1, t1);
                     const float dv0 = dh0 * s0, dv1 = dh1 * s1;
-                    const float dg0 = dv0 * v0 * (1.0f - s0), dg1 = dv1 * v1 * (1.0f - s1);
+#if GATE_TERMS > 0
+                    if (m0 + r0 + 8 * half < M)  // (rows past M: TMA's zero fill, terms of no element)
+#pragma unroll
+                        for (int t = 0; t < GATE_TERMS; ++t)
+                            pt[2 * (jj % 2)][t] += t0[t], pt[2 * (jj % 2) + 1][t] += t1[t];
+#endif
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(ag), "f"(dg0), "f"(dg1) : "memory");
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(av), "f"(dv0), "f"(dv1) : "memory");
 #if GB_NQ > 0
@@ -195,6 +267,9 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                     dvk[jj][half][0] = dv0, dvk[jj][half][1] = dv1;
 #endif
                 }
+#if GATE_TERMS > 0
+                if (jj % 2 == 1) gate_terms_scatter(pt, own[x], g, jj / 2);
+#endif
             }
             // The part's gradients visible to the TMA unit, then the warp's arrival for the storer.
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -236,6 +311,16 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
             }
 #endif
     }
+#if GATE_TERMS > 0
+    // This warp's sums over the CTA's tiles: [CTA][warp][column of the tile][term].
+#pragma unroll
+    for (int x = 0; x < GB_PARTS; ++x) {
+        const int c = 32 * x + gate_own_column(g, q);
+        float* o = gate_partial + (((long long)blockIdx.x * TC_CONSUMER_WARPS + warp) * GB_BH + c) * GATE_TERMS;
+#pragma unroll
+        for (int t = 0; t < GATE_TERMS; ++t) o[t] = own[x][t];
+    }
+#endif
     cluster_sync();
 }
 

@@ -8,8 +8,10 @@
 //                       columns at 2Hb + H (the fused network's [W_gate | W_val] blocks side by
 //                       side), read through its transpose wt [blocks 2H, K] (TF32 wgmma reads both
 //                       operands K-major); bias [blocks 2H] or null
-//   h = sigmoid(gate) * value, augmented per branch: [h, 0, ..., 0, 1], `width` columns (with
-//                       GW_ROUND_H rounded to TF32: its readers, TF32 GEMMs, take it as it is)
+//   h = gate(pre) * value, augmented per branch: [h, 0, ..., 0, 1], `width` columns (with
+//                       GW_ROUND_H rounded to TF32: its readers, TF32 GEMMs, take it as it is);
+//                       the gate is gate.cuh's fragment (the sigmoid unless the launch names
+//                       another), branch b's unit j reading its parameters from gate.p[b]
 //   pv itself is written as well for the rows below pv_rows (the backward recomputes the gate
 //   and the value from it); the other rows' pre-activations never leave the chip.
 //
@@ -35,13 +37,8 @@
 // blocks 2H] with boxes of 32 columns x 128 rows (wt: 128 / GW_CLUSTER rows), 128-byte swizzle;
 // H a multiple of 128; ld_h, ld_pv even; h, pv and bias 8-byte aligned.
 
-// sigmoid(x) = 1 / (1 + e^-x) with the fast exponential and reciprocal (MUFU): a few instructions
-// against about forty of the exact expf and division, which made the epilogue, not the tensor
-// cores, this kernel's bottleneck. Relative error a few 1e-7 (|x| < 20; e^-x overflowing to inf
-// gives 0, as it should).
-__device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
-
 #include "activation.cuh"
+#include "gate.cuh"
 #include "tc_gemm.cuh"
 
 // GW_BH (GLU columns per tile) and the variant settings GW_STAGES, GW_TAIL_STEPS, GW_ROUND_H (h
@@ -60,7 +57,7 @@ static_assert(GW_STAGED_BOXES % GW_STORE_BOXES == 0 && GW_BOXES % GW_STAGED_BOXE
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
 glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ TensorMap map_wt,
          const __grid_constant__ TensorMap map_h, const __grid_constant__ TensorMap map_pv,
-         const float* __restrict__ bias,
+         const float* __restrict__ bias, const __grid_constant__ GateArgs gate,
          float* __restrict__ h, int ld_h,
          float* __restrict__ pv, int ld_pv, int pv_rows,
          int M, int K, int H, int width, int blocks, int rounded_k)
@@ -177,7 +174,9 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
                     *reinterpret_cast<float2*>(p + H) = make_float2(v0, v1);
                 }
 #endif
-                float h0 = fast_sigmoid(g0) * v0, h1 = fast_sigmoid(g1) * v1;
+                const int unit = j0 + 8 * j + 2 * q;
+                float h0 = gate_value(g0, gate_unit(gate, branch, unit)) * v0;
+                float h1 = gate_value(g1, gate_unit(gate, branch, unit + 1)) * v1;
 #if GW_ROUND_H
                 h0 = tf32_nearest(h0), h1 = tf32_nearest(h1);
 #endif

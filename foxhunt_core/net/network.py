@@ -24,12 +24,13 @@ reach the direction branch and the value head through that path too. Branch-inpu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..config import NetSettings
-from ..stages import BranchInputStage, GateActivation, Params
+from ..stages import BranchInputStage, GateActivation, GateFragment, Params
 from . import layers as L
 
 Array = Any
@@ -38,9 +39,11 @@ DIRECTION, MAGNITUDE = 0, 1
 
 
 class SigmoidGate:
-    """The GLU's default gate: a parameter-free sigmoid."""
+    """The GLU's default gate: a parameter-free sigmoid (its CUDA form: ``kernels/gate_sigmoid.cuh``,
+    a fragment like any gate's, the GLU kernels' default)."""
 
     name = "sigmoid_gate"
+    fragment = GateFragment(str(Path(__file__).resolve().parent.parent / "kernels" / "gate_sigmoid.cuh"))
 
     def init_params(self, widths: tuple[int, ...], rng: np.random.Generator) -> Params:
         return {}

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from foxhunt_core.config import NetSettings
+from foxhunt_core.gpu import gate as K
 from foxhunt_core.gpu import reference as R
 from foxhunt_core.gpu.flat import FlatTree
 from foxhunt_core.gpu.launch import head_columns
@@ -32,7 +33,7 @@ from foxhunt_core.net import BranchingC51, fused
 from foxhunt_core.net import layers as L
 from foxhunt_core.net.fused import KERNEL_LIMITS, Device, ExecutionPlan, FusedNetwork, heads_fit
 from foxhunt_core.net.fused import layout as Lay
-from hook_plugins import TanhGateStage
+from hook_plugins import PlainTanhGateStage, TanhGateStage
 
 
 class WideColumns:
@@ -87,6 +88,7 @@ def _kernels() -> types.SimpleNamespace:
         return _put(out, w.T.copy())
 
     rounded_out: list = []  # (array, columns) written rounded to TF32 (vsn_forward's z, glu_gemm's h)
+    launches: list = []  # (kernel, gate launch) of the GLU kernels, in order
 
     def written_rounded(x, rounded):
         """Columns a kernel takes as they are must come rounded by their writer: its first
@@ -95,10 +97,11 @@ def _kernels() -> types.SimpleNamespace:
         return rounded == 0 or any(np.shares_memory(x, y) and rounded <= cols for y, cols in rounded_out)
 
     def glu_gemm(u, w, *, bias=None, width=None, blocks=1, h=None, pv=None, wt=None, rounded=0, tf32_h=False,
-                 config=None):
+                 config=None, gate=None):
         assert wt is None or np.array_equal(wt, w.T)
         assert written_rounded(u, rounded), rounded
-        rpv, rh = R.glu_gemm(u, w, bias, width, blocks)
+        launches.append(("glu_gemm", gate))
+        rpv, rh = R.glu_gemm(u, w, bias, width, blocks, gate)
         if pv is not None:  # only the rows asked for
             pv[...] = rpv[: pv.shape[0]]
         h = _put(h, rh)
@@ -121,8 +124,13 @@ def _kernels() -> types.SimpleNamespace:
     def round_tf32(x, *, out=None):  # (float64 here: TF32 modelled as exact, as in matmul)
         return _put(out, x.copy())
 
-    def glu_backward_gemm(dadv, wo, pv, *, dq=None, wq=None, dq_set=0, config=None, ctas=None):
-        pv[...] = R.glu_backward_gemm(dadv, wo, pv)
+    def glu_backward_gemm(dadv, wo, pv, *, dq=None, wq=None, dq_set=0, config=None, ctas=None, gate=None):
+        launches.append(("glu_backward_gemm", gate))
+        if gate is not None and not K.built_in(gate.fragment):
+            pv[...], grads = R.glu_backward_gemm(dadv, wo, pv, gate)
+            _put_grads(gate, grads)
+        else:
+            pv[...] = R.glu_backward_gemm(dadv, wo, pv)
         if dq is not None:
             assert wq.shape[0] <= 4 and wo[0].shape[0] <= 256 and 0 <= dq_set < len(dadv)
             dq[...] = R.glu_backward_dq(pv, wq, dq_set, wo[0].shape[0])
@@ -144,6 +152,16 @@ def _kernels() -> types.SimpleNamespace:
 
     def glu_forward(pv, *, width=None, blocks=1, h=None):
         return _put(h, R.glu_forward(pv, width, blocks)[1])
+
+    def gate_glu_forward(pv, gate, *, width=None, blocks=1, h=None):
+        launches.append(("gate_glu_forward", gate))
+        return _put(h, R.gate_glu_forward(pv, gate, width, blocks))
+
+    def gate_glu_backward(dh, pv, gate, *, blocks=1, dpv=None):
+        launches.append(("gate_glu_backward", gate))
+        r, grads = R.gate_glu_backward(dh, pv, gate, blocks)
+        _put_grads(gate, grads)
+        return _put(dpv, r)
 
     def glu_backward(dh, pv, *, blocks=1, dpv=None):
         return _put(dpv, R.glu_backward(dh, pv, blocks))
@@ -221,7 +239,16 @@ def _kernels() -> types.SimpleNamespace:
         vsn_forward, glu_forward, glu_backward, relu_backward, vsn_backward, pack_rows,
         dueling_softmax_forward, dueling_backward, glu_gemm, transpose, linear_gemm,
         wgrad_gemm, wgrad_gemm_sets, round_tf32, glu_backward_gemm, heads_dueling,
-        linear_gemm_relu_backward)}, GLU_BACKWARD_GEMM_SETS=2)
+        linear_gemm_relu_backward, gate_glu_forward, gate_glu_backward)}, GLU_BACKWARD_GEMM_SETS=2,
+        branch_launch=K.branch_launch, built_in=K.built_in, launches=launches)
+
+
+def _put_grads(gate, grads):
+    """The gate's gradients of the launch's branches into its gradient tree, as the kernels write them."""
+    for d in gate.branches:
+        for name in gate.fragment.arrays:
+            key = name.format(d=d)
+            gate.grad_tree[key][...] = grads[key]
 
 
 def _one_stream() -> types.SimpleNamespace:
@@ -394,6 +421,44 @@ def _assert_padding_zero(flat):
 def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, padded, fill_sms):
     net = _net(stages)
     _check_against_the_reference(numpy_fused(net, fill_sms=fill_sms), net, padded)
+
+
+@pytest.mark.parametrize("fill_sms", [1, 2], ids=["every-kernel-fills", "one-tile-too-few"])
+def test_a_gate_with_a_fragment_runs_inside_the_glu_kernels(numpy_fused, fill_sms):
+    """The tests' tanh gate ships a CUDA fragment: the plan keeps every fused arrangement, the GLU
+    kernels (glu_gemm and glu_backward_gemm under TF32, else gate_glu_forward and
+    gate_glu_backward) take the gate with its parameters, its gradients go straight into the
+    gradient buffer's slots, and forward and backward are the reference's."""
+    net = _net("gate")
+    fn = numpy_fused(net, fill_sms=fill_sms)
+    plan = fn.plan
+    assert plan.gate_fast and not plan.gate_built_in and plan.pairs
+    assert not plan.stacks(16) and "parameters of its own" in plan.stacks(16).why
+    assert [s.path for s in plan.stages if s.hook == "gate_activation"] == ["fast"]
+    assert bool(plan.glu_gemm) == bool(plan.glu_backward_gemm) == plan.tf32
+    fn.K.launches.clear()
+    _check_against_the_reference(fn, net, True)
+    kernels = {k for k, gate in fn.K.launches if gate is not None and gate.stage is net.gate}
+    if plan.tf32:
+        assert "glu_gemm" in kernels and "glu_backward_gemm" in kernels
+        assert ("gate_glu_backward" in kernels) == (fill_sms == 2)  # the single direction branch: one tile
+    else:
+        assert kernels == {"gate_glu_forward", "gate_glu_backward"}
+    launched = [gate for _, gate in fn.K.launches]
+    assert all(g is not None and g.stage is net.gate for g in launched) and launched
+
+
+def test_a_gate_without_a_fragment_takes_the_slow_path(numpy_fused):
+    """The same gate without its fragment: its forward and backward per branch, no stacking, no
+    GLU kernels; the results are the reference's all the same."""
+    s = NetSettings(shared_h1=24, shared_h2=16, adv_h=12, num_atoms=11)
+    net = BranchingC51(s, gate=PlainTanhGateStage())
+    fn = numpy_fused(net)
+    assert not fn.plan.gate_fast and not fn.plan.glu_gemm and not fn.plan.pairs
+    assert "no CUDA fragment" in fn.plan.glu_gemm.why
+    fn.K.launches.clear()
+    _check_against_the_reference(fn, net, True)
+    assert not fn.K.launches
 
 
 def test_a_direction_branch_wider_than_glu_backward_gemms_dq(numpy_fused):

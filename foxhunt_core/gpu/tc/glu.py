@@ -6,9 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ...backend import check_array
 from .. import tma
 from ..arrays import F32, rows_view, view_out
+from ..gate import GATE_ARGS, GateLaunch
 from ..launch import get_kernel as _kernel
 from ..launch import i32
 from .common import (
@@ -78,7 +81,7 @@ class GluGemmConfig:
 
 def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None = None, blocks: int = 1,
              h: Array | None = None, pv: Array | None = None, wt: Array | None = None, rounded: int = 0,
-             tf32_h: bool = False, config: GluGemmConfig | None = None) -> Array:
+             tf32_h: bool = False, config: GluGemmConfig | None = None, gate: GateLaunch | None = None) -> Array:
     """The GLU layer in one launch: ``pv = u @ w (+ bias)`` on the TF32 tensor cores (wgmma; see
     :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does, the
     products accumulated in float32) and :func:`glu_forward` applied in the GEMM's epilogue.
@@ -99,7 +102,9 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     :data:`GLU_GEMM_BOX_K` columns) wholly within them as they are, and rounds only the others
     (rounding in shared memory costs bandwidth the products need). Columns not so rounded would be
     truncated by the tensor cores. ``tf32_h``: h is written rounded to TF32 (to nearest), for
-    readers that are TF32 GEMMs (:func:`linear_gemm` with ``rounded``)."""
+    readers that are TF32 GEMMs (:func:`linear_gemm` with ``rounded``). ``gate``: the gate compiled
+    into the epilogue (:class:`~foxhunt_core.gpu.gate.GateLaunch`: its fragment, branch ``b``
+    reading ``gate.params[b]``); the built-in sigmoid when None."""
     k = "glu_gemm"
     cfg = config if config is not None else GluGemmConfig()
     tc_operands(k, "u and w", (u, w))
@@ -141,15 +146,18 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     pv_tma = cfg.pv_tma and pv_rows > 0 and ld_pv % 4 == 0 and pv.data.ptr % 16 == 0
     map_pv = tma.matrix_map(k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS) if pv_tma else map_h  # (unread unless pv_tma)
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
+    gate_defs, gate_inc = gate.compile_options() if gate is not None else ({}, ())
+    gate_args = gate.args(k, blocks, H) if gate is not None else np.zeros(1, dtype=GATE_ARGS)
     fn = _kernel(cfg.source, k, {"GW_STAGES": cfg.stages, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail,
                                     "GW_ROUND_H": int(bool(tf32_h)), "GW_STAGED_BOXES": cfg.staged_boxes,
-                                    "GW_STORE_BOXES": cfg.store_boxes, "GW_PV_TMA": int(pv_tma)})
+                                    "GW_STORE_BOXES": cfg.store_boxes, "GW_PV_TMA": int(pv_tma), **gate_defs},
+                 gate_inc)
     smem = cfg.smem
     opt_in_smem(fn, smem)
     groups = blocks * (H // GLU_GEMM_COLS) * -(-B // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
     clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
     fn((clusters * c,), (GLU_GEMM_THREADS,),
-       (map_u, map_wt, map_h, map_pv, bias, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K), i32(H),
-        i32(W), i32(blocks), i32(rounded)), shared_mem=smem)
+       (map_u, map_wt, map_h, map_pv, bias, gate_args, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K),
+        i32(H), i32(W), i32(blocks), i32(rounded)), shared_mem=smem)
     return h
 

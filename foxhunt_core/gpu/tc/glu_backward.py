@@ -13,6 +13,7 @@ import numpy as np
 from .. import tma
 from ..arrays import elementwise_grid, rows_view, view_out
 from ..defines import value
+from ..gate import GATE_ARGS, GateLaunch, gate_terms_reduce
 from ..launch import THREADS, i32, sm_count
 from ..launch import get_kernel as _kernel
 from .common import BOX, GLU_GEMM_BOX_K, GLU_GEMM_COLS, GLU_GEMM_ROWS, SMEM_LIMIT, TILE_A, opt_in_smem, tc_operands
@@ -22,6 +23,7 @@ GLU_BACKWARD_GEMM_SETS = value("GB_SETS")  # branches per launch, at most
 GLU_BACKWARD_GEMM_STAGES = value("GB_STAGES")
 GLU_BACKWARD_GEMM_THREADS = value("GB_THREADS")  # the consumers, the ring's producer, pv's loader and storer
 GLU_BACKWARD_GEMM_PARTS = value("GB_PARTS")  # the staging buffer's parts, three mbarriers each
+GLU_BACKWARD_GEMM_WARPS = value("TC_CONSUMER_WARPS")  # the consumer warps: each writes its gate sums
 # glu_backward_gemm.cu's GluBackArgs: every branch's dadv and Wo tensor maps, then pv's.
 GLU_BACK_ARGS = np.dtype([("maps", np.uint64, (2 * GLU_BACKWARD_GEMM_SETS + 1, 16))])
 
@@ -66,7 +68,7 @@ GLU_BACKWARD_GEMM_DQ_H = 2 * value("GB_BH")  # dq's widest GLU: two column tiles
 
 def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, dq: Array | None = None,
                       wq: Array | None = None, dq_set: int = 0, config: GluBackwardGemmConfig | None = None,
-                      ctas: int | None = None) -> Array:
+                      ctas: int | None = None, gate: GateLaunch | None = None) -> Array:
     """The GLU layers' backward from their advantage heads' gradients in one launch:
     :func:`glu_backward` of ``dh = [dadv[b] @ wo[b].T, ...]``, dh on the TF32 tensor cores (wgmma;
     see :func:`glu_gemm_supported`; both operands rounded to TF32 to nearest, as cuBLAS does) and
@@ -85,8 +87,16 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
     ``wq`` joins to that branch. ``dq`` is zeroed here and each column tile adds its sum: H up to
     :data:`GLU_BACKWARD_GEMM_DQ_H` (two tiles, whose order cannot change the sum).
 
+    ``gate``: the gate whose backward runs in the epilogue (:class:`~foxhunt_core.gpu.gate.
+    GateLaunch`: its fragment, branch ``b`` reading ``gate.params[b]``; the built-in sigmoid when
+    None). A gate with parameters has their gradients written into ``gate.grads``: each CTA sums
+    its tiles' terms and :func:`~foxhunt_core.gpu.gate.gate_terms_reduce` the CTAs' (a fixed order;
+    the grid then a multiple of the column tiles, so that a CTA's tiles share their columns).
+
     ``config``: how the kernel is built (:class:`GluBackwardGemmConfig`); ``ctas``: the persistent
     grid's CTAs, at most one per tile (default: one per SM)."""
+    import cupy
+
     k = "glu_backward_gemm"
     cfg = config if config is not None else GluBackwardGemmConfig()
     sets = len(dadv)
@@ -118,6 +128,9 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
         ld_dq = rows_view(k, "dq", dq, (M, nq))
         dq.fill(0.0)
     if M == 0:
+        for arrays in (gate.grads or ()) if gate is not None else ():
+            for g in arrays:
+                g.fill(0.0)
         return pv
     args = np.zeros(1, dtype=GLU_BACK_ARGS)
     for i in range(sets):
@@ -127,11 +140,27 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
     args["maps"][0, 2 * GLU_BACKWARD_GEMM_SETS] = tma.matrix_map(
         k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS)["opaque"][0]
     tail = (Kd - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
-    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": cfg.stages, "GB_TAIL_STEPS": tail, "GB_NQ": nq})
+    gate_defs, gate_inc = gate.compile_options() if gate is not None else ({}, ())
+    terms = gate.terms if gate is not None else 0
+    if terms and gate.grads is None:
+        raise ValueError(f"{k}: a gate with parameters needs gate.grads, where their gradients go")
+    gate_args = gate.args(k, sets, H) if gate is not None else np.zeros(1, dtype=GATE_ARGS)
+    fn = _kernel("glu_backward_gemm.cu", k, {"GB_STAGES": cfg.stages, "GB_TAIL_STEPS": tail, "GB_NQ": nq,
+                                             **gate_defs}, gate_inc)
     smem = cfg.smem
     opt_in_smem(fn, smem)
-    tiles = sets * (H // GLU_GEMM_COLS) * -(-M // GLU_GEMM_ROWS)
-    fn((min(tiles, sm_count() if ctas is None else int(ctas)),), (GLU_BACKWARD_GEMM_THREADS,),
-       (args, i32(M), i32(Kd), i32(H), i32(sets), dq, i32(ld_dq), wq, i32(ld_wq), i32(dq_set)), shared_mem=smem)
+    col_tiles = sets * (H // GLU_GEMM_COLS)
+    tiles = col_tiles * -(-M // GLU_GEMM_ROWS)
+    grid = min(tiles, sm_count() if ctas is None else int(ctas))
+    partial = None
+    if terms:  # a CTA's tiles all of one column tile (its sums are that tile's)
+        grid = max(col_tiles, grid // col_tiles * col_tiles)
+        partial = cupy.empty((grid, GLU_BACKWARD_GEMM_WARPS, GLU_GEMM_COLS, terms), dtype=np.float32)
+    fn((grid,), (GLU_BACKWARD_GEMM_THREADS,),
+       (args, i32(M), i32(Kd), i32(H), i32(sets), dq, i32(ld_dq), wq, i32(ld_wq), i32(dq_set), gate_args, partial),
+       shared_mem=smem)
+    if terms:
+        gate_terms_reduce(partial, gate, ctas=grid, warps=GLU_BACKWARD_GEMM_WARPS, tile_cols=GLU_GEMM_COLS, H=H,
+                          blocks=sets)
     return pv
 

@@ -36,9 +36,20 @@ class Backward:
         self.gblocks: dict[str, Array] = {}
         self.pblocks: dict[str, Array] = {}
         self.ggate: dict[str, Array] = {}
+        self.gate_slots_into = (grads_into or {}).get(net.gate.name, {})
+        self.ggate_slots: dict[str, Array] | None = None  # the gate's gradients, where its fragment writes them
         self.zt: list[Array] = []  # z transposed and rounded to TF32 (wgrad_gemm's xt), made once for every group
 
     # ------------------------------------------------------------------ where gradients go
+    def gate_grads(self) -> dict[str, Array]:
+        """Where the gate's fragment writes its parameter gradients: the gradient buffer's slots
+        of the gate where given, else new arrays (every branch's, each written by its group)."""
+        if self.ggate_slots is None:
+            into, xp = self.gate_slots_into, self.xp
+            self.ggate_slots = {k: into[k] if k in into else xp.empty(v.shape, dtype=v.dtype)
+                                for k, v in self.gp.items()}
+        return self.ggate_slots
+
     def slot(self, name: str) -> Array:
         s = self.slots.get(name)
         self.g[name] = s if s is not None else self.xp.empty(self.p[name].shape, dtype=self.xp.float32)
@@ -144,7 +155,10 @@ class Backward:
 
         grads = {"core": self.g}
         if net.gate.name in self.params and net.gate.name != "core":
-            grads[net.gate.name] = {k: self.ggate.get(k, xp.zeros_like(v)) for k, v in self.gp.items()}
+            if self.ggate_slots is not None:  # (the fragment's kernels wrote every branch's)
+                grads[net.gate.name] = dict(self.ggate_slots)
+            else:
+                grads[net.gate.name] = {k: self.ggate.get(k, xp.zeros_like(v)) for k, v in self.gp.items()}
         for i, st in enumerate(net.branch_inputs):
             if st.name in self.params:
                 dcols = self.gextra[i] if self.gextra[i] is not None else xp.zeros_like(c["extra_cols"][i])
@@ -220,6 +234,9 @@ class Backward:
         ghome, gcol = Lay.glu_home(net, d0)
         # dq (below) in glu_backward_gemm's epilogue, from the magnitude branch's gradients there.
         dq_in_gemm = tc_dh and self.use_zq and MAGNITUDE in g and bool(plan.glu_backward_dq)
+        launch = None  # the gate's fragment (None: the sigmoid), its gradients written into ggate_slots
+        if plan.gate_fast and not plan.gate_built_in:
+            launch = K.branch_launch(net.gate, self.gp, g, self.gate_grads())
         if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
             sets = K.GLU_BACKWARD_GEMM_SETS
             for i in range(0, n, sets):
@@ -233,9 +250,13 @@ class Backward:
                     c0 = gcol + 2 * H * g.index(MAGNITUDE)
                     q_kw = {"dq": self.dq_z[:, :n_dir], "wq": self.block(ghome)[H2 : H2 + n_dir, c0 : c0 + 2 * H],
                             "dq_set": part.index(MAGNITUDE)}
+                if launch is not None:  # the part's branches
+                    q_kw["gate"] = K.branch_launch(net.gate, self.gp, part, self.gate_grads())
                 K.glu_backward_gemm([dadv[:, hcol[d] : hcol[d + 1]] for d in part], wos,
                                     dpv[:, 2 * H * i : 2 * H * (i + len(part))],
                                     config=plan.knobs.glu_backward_gemm_config, **q_kw)
+        elif launch is not None:
+            K.gate_glu_backward(dh_all[:, H * d0 : H * d1], dpv, launch, blocks=n, dpv=dpv)
         elif plan.gate_fast:
             K.glu_backward(dh_all[:, H * d0 : H * d1], dpv, blocks=n, dpv=dpv)
         else:  # the plugin's gate, per branch

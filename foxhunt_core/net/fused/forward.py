@@ -155,6 +155,9 @@ class ForwardGroup:
             h = h_all[:, Wh * d0 : Wh * d1]
             no_tail = self.use_z[d0] and MAGNITUDE not in g  # K = H2, the biases in the epilogue (no K tail)
             tc = z_tf32 and self.use_z[d0]
+            # the gate's fragment, branch g[i]'s parameters for the launch's block i (None: the sigmoid)
+            launch = None if plan.gate_built_in or not plan.gate_fast else K.branch_launch(
+                net.gate, self.params.get(net.gate.name, {}), g)
             if tc:
                 # The GLU in one kernel: h from the GEMM's epilogue, pv only for the rows the backward
                 # reads (the value head, when it rides along, as a GEMM of its own); h written rounded
@@ -165,13 +168,15 @@ class ForwardGroup:
                 u_, w_ = (z[:, :H2], wg[:H2]) if no_tail else (z, wg)
                 K.glu_gemm(u_, w_, bias=wg[-1] if no_tail else None, width=Wh, blocks=len(g), h=h,
                            pv=pv[:keep] if keep else None, wt=K.transpose(w_), rounded=H2 if z_tf32 else 0,
-                           tf32_h=True, config=plan.knobs.glu_gemm_config)
+                           tf32_h=True, config=plan.knobs.glu_gemm_config, **({"gate": launch} if launch else {}))
             else:
                 if no_tail:
                     fn.mm(z[:, :H2], wj[:H2], out=out_cols, bias=wj[-1], stack=stack)
                 else:  # the direction Q and the ones column of the augmented input as well
                     fn.mm(u, wj, out=out_cols, stack=stack)
-                if plan.gate_fast:  # only h is written: the backward recomputes gate and value from pv
+                if launch is not None:  # the gate's fragment; only h is written, as with the sigmoid
+                    K.gate_glu_forward(pv, launch, width=Wh, blocks=len(g), h=h)
+                elif plan.gate_fast:  # only h is written: the backward recomputes gate and value from pv
                     K.glu_forward(pv, width=Wh, blocks=len(g), h=h)
             for i, d in enumerate(g):
                 gate = gcache = val = None

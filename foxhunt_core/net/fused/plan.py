@@ -10,9 +10,11 @@ passes other values to ``build`` (``stack_max_rows=0``, ``heads_dueling=False``,
 :mod:`.record` writes the choices of the update at the plan's batch size out
 (``gpu_plan.json``, ``foxhunt train --explain``).
 
-Plugin stages have a place here: a gate activation runs fused only as the built-in sigmoid (a gate
-of its own has no fused form yet: the slow path, with the reason); branch-input columns are not
-yet appended to the augmented z (the slow path); the Q-pipeline stages run their own forward.
+Plugin stages have a place here: a gate activation runs fused where it ships a CUDA fragment
+(:class:`~foxhunt_core.stages.GateFragment`; the built-in sigmoid is one), compiled into the GLU
+kernels' epilogues; a gate without one takes the slow path, with the reason. Branch-input columns
+are not yet appended to the augmented z (the slow path); the Q-pipeline stages run their own
+forward.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Limits:
     wgrad_max: int = value("WG_ROWS")  # and at most this wide
     dq_cols: int = value("GB_NQ_MAX")  # glu_backward_gemm's dq: at most this many direction actions
     dq_h: int = 2 * value("GB_BH")  # and GLUs at most this wide (two column tiles: an exact sum)
+    gate_terms: int = value("GB_GATE_TERMS_MAX")  # glu_backward_gemm's gate: parameter-gradient terms per unit
 
 
 KERNEL_LIMITS = Limits()
@@ -193,7 +196,7 @@ class ExecutionPlan:
     knobs: Knobs
     limits: Limits
     stages: tuple[StagePlan, ...]
-    gate_fast: Decision  # the gate runs inside the GLU kernels (the built-in sigmoid)
+    gate_fast: Decision  # the gate runs inside the GLU kernels (its CUDA fragment; the sigmoid's built in)
     pairs: Decision  # several forwards run as one (stacked trees, rows one after another)
     glu_gemm: Decision  # a forward's GLUs over z (one parameter tree) as glu_gemm, heads as linear_gemm
     heads_dueling: Decision  # where glu_gemm runs: the heads' kernel may take the dueling forward
@@ -205,6 +208,8 @@ class ExecutionPlan:
     joint_dz: Decision
     side_stream: Decision
     act_rows: int | None = None  # the acting forward's rows, for the record
+    gate_built_in: bool = True  # the gate is the sigmoid (the elementwise kernels: glu_forward, glu_backward)
+    stack_trees: Decision = Decision(True, "the gate has no parameters of its own")  # (pairs) over stacked trees
 
     @classmethod
     def build(cls, net: Any, device: Device, tf32: bool, batch: int, q_stages: Sequence[tuple[str, str]] = (),
@@ -219,15 +224,25 @@ class ExecutionPlan:
         sh = Shapes.of(net)
         H = sh.adv_h
         stages = []
-        if isinstance(net.gate, SigmoidGate):
+        fragment = getattr(net.gate, "fragment", None)
+        built_in = isinstance(net.gate, SigmoidGate)
+        stack_trees = Decision(True, "the gate has no parameters of its own")
+        if built_in:
             gate = Decision(True, "the built-in sigmoid gate")
-            stages.append(StagePlan("gate_activation", net.gate.name, "fast", "built in: applied in glu_gemm's "
-                                    "and glu_backward_gemm's epilogues, glu_forward and glu_backward"))
+            stages.append(StagePlan("gate_activation", net.gate.name, "fast", "built in: its fragment "
+                                    "(gate_sigmoid.cuh) in glu_gemm's and glu_backward_gemm's epilogues, "
+                                    "glu_forward and glu_backward"))
+        elif fragment is not None:
+            gate = Decision(True, f"the gate {net.gate.name!r}'s CUDA fragment")
+            stages.append(StagePlan("gate_activation", net.gate.name, "fast", "its CUDA fragment compiled into "
+                                    "glu_gemm's and glu_backward_gemm's epilogues and the elementwise "
+                                    "gate_glu_forward and gate_glu_backward; its parameter gradients summed "
+                                    "there in a fixed order"))
+            if fragment.arrays:
+                stack_trees = Decision(False, f"the gate {net.gate.name!r} has parameters of its own, which the "
+                                              "GLU kernels read from one tree a launch")
         else:
-            has = getattr(net.gate, "fragment", None) is not None
-            gate = Decision(False, f"the gate {net.gate.name!r} " + ("ships a CUDA fragment, which the GLU kernels "
-                                                                      "do not compile in yet" if has
-                                                                      else "has no CUDA fragment"))
+            gate = Decision(False, f"the gate {net.gate.name!r} has no CUDA fragment")
             stages.append(StagePlan("gate_activation", net.gate.name, "slow",
                                     f"{gate.why}: its forward and backward run per branch as array operations, "
                                     "and several forwards no longer run as one (no stacking, no target forward "
@@ -242,6 +257,10 @@ class ExecutionPlan:
         for hook, name in q_stages:
             stages.append(StagePlan(hook, name, "own", "its own forward (and backward) on the device, in the "
                                     "captured graph"))
+        terms = fragment.terms if gate and fragment is not None else 0
+        terms_fit = Decision(terms <= L.gate_terms, f"the gate's {terms} parameter-gradient terms per unit "
+                             + ("within" if terms <= L.gate_terms else "more than")
+                             + f" glu_backward_gemm's {L.gate_terms}")
         columns = not net.branch_inputs
         pairs = (Decision(False, gate.why) if not gate else Decision(False, "branch-input columns (their stages "
                  "keep caches of their own rows)") if not columns else Decision(True, "the built-in gate and no "
@@ -277,14 +296,14 @@ class ExecutionPlan:
             gate_fast=gate, pairs=pairs,
             glu_gemm=every("glu_gemm", gate, tc, glu_tile),
             heads_dueling=every("heads_dueling", heads_fit(sh.offsets, sh.num_atoms, L)),
-            glu_backward_gemm=every("glu_backward_gemm", gate, tc, glu_tile),
+            glu_backward_gemm=every("glu_backward_gemm", gate, terms_fit, tc, glu_tile),
             glu_backward_dq=every("glu_backward_dq", dq_fits),
             wgrad_gemm=every("wgrad_gemm", tc, wgrad_width(sh.z_width, "the augmented z:")),
             wgrad_heads=every("wgrad_gemm", tc, wgrad_width(sh.h_width, "the augmented h:")),
             relu_gemm=every("relu_gemm", tc),
             joint_dz=every("joint_dz", joined),
             side_stream=every("side_stream", Decision(True, "a second stream")),
-            act_rows=act_rows,
+            act_rows=act_rows, gate_built_in=built_in, stack_trees=stack_trees,
         )
 
     @staticmethod
@@ -316,10 +335,21 @@ class ExecutionPlan:
         """Whether forwards of ``rows`` rows each over stacked parameter trees run as one."""
         if not self.pairs:
             return self.pairs
+        if not self.stack_trees:
+            return self.stack_trees
         limit = self.knobs.stack_max_rows
         ok = rows <= limit
         return Decision(ok, f"{rows} rows {'<=' if ok else '>'} stack_max_rows {limit} "
                             f"({THRESHOLDS['stack_max_rows'].measured})")
+
+    @property
+    def gate_kernels(self) -> tuple[str, str]:
+        """The elementwise forward and backward of the gate where the GLU kernels do not run."""
+        if not self.gate_fast:
+            return "the plugin gate's forward, per branch", "the plugin gate's backward, per branch"
+        if self.gate_built_in:
+            return "glu_forward", "glu_backward"
+        return "gate_glu_forward", "gate_glu_backward"
 
     def glu_gemm_for(self, stacked: bool) -> Decision:
         """Whether a forward's GLUs over z run as glu_gemm (not over stacked trees)."""

@@ -49,7 +49,7 @@ def _forward(plan: ExecutionPlan, part: str, rows: int, stacked: bool, wants: li
                 out.append(_choice(part, f"advantage heads of {name}", "linear_gemm", why))
         else:
             why = glu.why if sh.z_input[d0] else "the branch forms its own input (branch-input columns)"
-            gate = "glu_forward" if plan.gate_fast else "the plugin gate's forward, per branch"
+            gate = plan.gate_kernels[0]
             out.append(_choice(part, f"GLU of {name}", f"cuBLAS GEMM, {gate}", why))
             batched = not stacked and sh.joint and len(g) > 1 and len({sh.head_widths[d] for d in g}) == 1 \
                 and plan.batched_advantages(rows)
@@ -79,7 +79,7 @@ def _backward(plan: ExecutionPlan, B: int) -> list[Choice]:
             out.append(_choice(part, f"GLU backward of {name}", "glu_backward_gemm (the heads' input gradient and "
                                "the gate's backward in one kernel)", tc.why))
         else:
-            gate = "glu_backward" if plan.gate_fast else "the plugin gate's backward, per branch"
+            gate = plan.gate_kernels[1]
             out.append(_choice(part, f"GLU backward of {name}", f"cuBLAS GEMM, {gate}", tc.why))
         if MAGNITUDE in g and sh.z_input[MAGNITUDE]:
             dq = tc and plan.glu_backward_dq

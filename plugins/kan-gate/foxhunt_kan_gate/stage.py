@@ -3,22 +3,29 @@
 Parameters, per branch ``d`` (``W = adv_h`` units, ``K`` bases): ``b{d}.coeff`` [W, K], initialised
 to the least-squares fit of the sigmoid (:func:`.spline.fit_sigmoid`), and ``b{d}.residual`` [W],
 initialised to ``residual_init``. On CuPy float32 inputs the stage runs the CUDA kernels
-(:mod:`.cuda`); otherwise the array-operation twin (:mod:`.gate`) on NumPy or CuPy.
+(:mod:`.cuda`); otherwise the array-operation twin (:mod:`.gate`) on NumPy or CuPy. Its CUDA
+fragment (:attr:`KanGateStage.fragment`, ``kernels/kan_fragment.cuh``) is what the core compiles
+into its fused GLU kernels on the GPU; there the stage's own kernels run only on the slow path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from foxhunt_core.stages import GateFragment
+
+from .cuda import defines
 from .gate import TwinCache, gate_backward, gate_forward
 from .spline import Grid, SigmoidFit, fit_sigmoid
 
 Array = Any
 Params = dict[str, Array]
+FRAGMENT = Path(__file__).parent / "kernels" / "kan_fragment.cuh"
 
 
 @lru_cache(maxsize=16)
@@ -50,6 +57,17 @@ class KanGateStage:
     residual_init: float = 0.0
     use_cuda_kernels: bool = True
     name: str = "kan_gate"
+
+    @property
+    def fragment(self) -> GateFragment | None:
+        """The gate as the core's GLU kernels compile it in (None with ``use_cuda_kernels`` off:
+        the array-operation twin, per branch, on the slow path)."""
+        if not self.use_cuda_kernels:
+            return None
+        defs = defines(self.grid)
+        return GateFragment(str(FRAGMENT), arrays=("b{d}.coeff", "b{d}.residual"),
+                            unit_floats=(self.grid.num_bases, 1),
+                            defines=tuple((k, defs[k]) for k in ("KG_NUM_BASES", "KG_GRID_LO", "KG_GRID_HI")))
 
     def init_params(self, widths: tuple[int, ...], rng: np.random.Generator) -> Params:
         c = initial_fit(self.grid).coefficients

@@ -1,0 +1,175 @@
+"""A gate's CUDA fragment in the GLU kernels: what a launch passes (:class:`GateLaunch`), and the
+launch wrappers of gate_glu.cu (the elementwise GLU forward and backward for such a gate, the sums
+of its parameter gradients).
+
+The fragment (:class:`foxhunt_core.stages.GateFragment`) is compiled into ``glu_gemm``,
+``glu_backward_gemm`` and the kernels here through ``gate.cuh``: the launch names its header
+(``GATE_HEADER``) and passes, per branch of the launch, the addresses of the gate's parameter
+arrays and, for a backward, of their gradients. The built-in sigmoid is the kernels' default:
+its launches carry no define, so that stage 0 compiles exactly as it always has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..stages import GateFragment
+from .arrays import F32, elementwise_grid, glu_blocks, rows_view, view_out
+from .defines import value
+from .launch import KERNEL_DIR, THREADS, blocks_for, i32
+from .launch import get_kernel as _kernel
+
+Array = Any
+GATE_MAX_SETS = value("GATE_MAX_SETS")
+GG_UNIT_TILE, GG_ROW_THREADS = value("GG_UNIT_TILE"), value("GG_ROW_THREADS")
+GATE_ARGS = np.dtype([("p", np.uint64, (GATE_MAX_SETS, 2)), ("g", np.uint64, (GATE_MAX_SETS, 2))])
+BUILT_IN = str((KERNEL_DIR / "gate_sigmoid.cuh").resolve())
+ROWS_PER_CHUNK = 256  # gate_glu_backward's rows per block (its partial sums: a row each)
+
+
+def built_in(fragment: GateFragment | None) -> bool:
+    """Whether ``fragment`` is the kernels' default gate (the sigmoid) or none."""
+    return fragment is None or str(Path(fragment.header).resolve()) == BUILT_IN
+
+
+@dataclass(frozen=True)
+class GateLaunch:
+    """A gate fragment with the parameters one launch reads: ``params[s]`` the arrays
+    (``fragment.arrays``) of the launch's branch ``s``; for a backward, ``grads[s]`` where their
+    gradients go (arrays of the same shapes, written, not accumulated). ``stage``, ``tree``,
+    ``grad_tree`` and ``branches`` say the same as the gate stage, its parameter tree, the tree of
+    its gradients and the network's branches of the launch: what the kernels' NumPy twins
+    (:mod:`.reference`) compute with (:func:`branch_launch` fills both)."""
+
+    fragment: GateFragment
+    params: tuple[tuple[Array, ...], ...] = ()
+    grads: tuple[tuple[Array, ...], ...] | None = None
+    stage: Any = None
+    tree: dict | None = None
+    grad_tree: dict | None = None
+    branches: tuple[int, ...] = ()
+
+    @property
+    def terms(self) -> int:
+        return self.fragment.terms
+
+    def compile_options(self) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The defines and include directories of a kernel built with this gate."""
+        f = self.fragment
+        if built_in(f):
+            return {}, ()
+        header = Path(f.header).resolve()
+        units = (*f.unit_floats, 0, 0)[:2]
+        defs = {"GATE_HEADER": f'"{header.name}"', "GATE_EXPECT_UNIT0": units[0], "GATE_EXPECT_UNIT1": units[1],
+                **dict(f.defines)}
+        return defs, (str(header.parent), *f.include)
+
+    def args(self, k: str, sets: int, units: int) -> np.ndarray:
+        """The kernel argument (gate.cuh's GateArgs) for ``sets`` branches of ``units`` units each,
+        the arrays checked."""
+        out = np.zeros(1, dtype=GATE_ARGS)
+        f = self.fragment
+        if not f.arrays:
+            return out
+        if sets > GATE_MAX_SETS:
+            raise ValueError(f"{k}: a gate with parameters takes up to {GATE_MAX_SETS} branches a launch, got {sets}")
+        for what, per_set in (("params", self.params), ("grads", self.grads)):
+            if per_set is None:
+                continue
+            if len(per_set) != sets:
+                raise ValueError(f"{k}: the gate's {what} for {len(per_set)} branches, the launch has {sets}")
+            for s, arrays in enumerate(per_set):
+                if len(arrays) != len(f.arrays):
+                    raise ValueError(f"{k}: branch {s}'s gate {what}: {len(arrays)} arrays, the fragment reads "
+                                     f"{len(f.arrays)}")
+                for a, (name, u) in enumerate(zip(f.arrays, f.unit_floats)):
+                    x = arrays[a]
+                    _unit_array(k, f"gate {what} {name.format(d=s)}", x, units, u)
+                    out["p" if what == "params" else "g"][0, s, a] = x.data.ptr
+        return out
+
+
+def _unit_array(k: str, name: str, x: Array, units: int, floats: int) -> None:
+    import cupy
+
+    shape = (units,) if floats == 1 and getattr(x, "ndim", 0) == 1 else (units, floats)
+    if not isinstance(x, cupy.ndarray) or x.dtype != F32 or tuple(x.shape) != shape or not x.flags.c_contiguous:
+        raise ValueError(f"{k}: {name} must be a C-contiguous float32 array of shape {list(shape)} "
+                         f"(or [{units}] for one float a unit), got {getattr(x, 'dtype', type(x).__name__)} "
+                         f"{list(getattr(x, 'shape', ()))}")
+
+
+def gate_glu_forward(pv: Array, gate: GateLaunch, *, width: int | None = None, blocks: int = 1,
+                     h: Array | None = None) -> Array:
+    """:func:`~foxhunt_core.gpu.elementwise.glu_forward` with the gate of ``gate`` (its fragment,
+    branch ``b`` of ``blocks`` reading ``gate.params[b]``): ``h = gate(pre) * value``, augmented
+    to ``width`` columns per branch."""
+    k = "gate_glu_forward"
+    B, H, ld_pv = glu_blocks(k, pv, blocks)
+    W = H if width is None else int(width)
+    if W < H:
+        raise ValueError(f"{k}: width {W} is less than the layer's {H} columns")
+    h, ld_h = view_out(k, "h", h, (B, blocks * W))
+    defs, inc = gate.compile_options()
+    if B:
+        _kernel("gate_glu.cu", k, defs, inc)((elementwise_grid(B * blocks * W),), (THREADS,),
+                                             (pv, i32(ld_pv), h, i32(ld_h), i32(B), i32(H), i32(W), i32(blocks),
+                                              gate.args(k, blocks, H)))
+    return h
+
+
+def gate_glu_backward(dh: Array, pv: Array, gate: GateLaunch, *, blocks: int = 1, dpv: Array | None = None) -> Array:
+    """:func:`~foxhunt_core.gpu.elementwise.glu_backward` with the gate of ``gate``: ``dpv``
+    ``[dpre | dval]`` per branch (``dpv=pv`` in place), and the gate's parameter gradients into
+    ``gate.grads`` (sums over the rows in a fixed order: the same bits on every run)."""
+    import cupy
+
+    k = "gate_glu_backward"
+    B, H, ld_pv = glu_blocks(k, pv, blocks)
+    ld_dh = rows_view(k, "dh", dh, (B, blocks * H))
+    dpv, ld_dpv = view_out(k, "dpv", dpv, (B, blocks * 2 * H))
+    T = gate.terms
+    if T and gate.grads is None:
+        raise ValueError(f"{k}: a gate with parameters needs gate.grads, where their gradients go")
+    defs, inc = gate.compile_options()
+    args = gate.args(k, blocks, H)
+    units = blocks * H
+    chunks = max(1, -(-B // ROWS_PER_CHUNK))
+    partial = cupy.empty((chunks, units, max(T, 1)), dtype=F32) if T else None
+    if B:
+        _kernel("gate_glu.cu", k, defs, inc)((-(-units // GG_UNIT_TILE), chunks), (GG_UNIT_TILE, GG_ROW_THREADS),
+                                             (dh, i32(ld_dh), pv, i32(ld_pv), dpv, i32(ld_dpv), i32(B), i32(H),
+                                              i32(blocks), args, partial, i32(ROWS_PER_CHUNK)))
+    if T:
+        if not B:
+            partial.fill(0.0)
+        _kernel("gate_glu.cu", "gate_glu_reduce", defs, inc)(
+            (blocks_for(units * T, THREADS),), (THREADS,), (partial, i32(chunks), i32(H), i32(blocks), args))
+    return dpv
+
+
+def gate_terms_reduce(partial: Array, gate: GateLaunch, *, ctas: int, warps: int, tile_cols: int, H: int,
+                      blocks: int) -> None:
+    """The gate's parameter gradients (into ``gate.grads``) from ``glu_backward_gemm``'s partial
+    sums ``[ctas, warps, tile_cols, terms]``, CTA ``c`` holding column tile ``c % col_tiles``."""
+    k = "gate_terms_reduce"
+    defs, inc = gate.compile_options()
+    T = gate.terms
+    _kernel("gate_glu.cu", k, defs, inc)((blocks_for(blocks * H * T, THREADS),), (THREADS,),
+                                         (partial, i32(ctas), i32(warps), i32(tile_cols), i32(H), i32(blocks),
+                                          gate.args(k, blocks, H)))
+
+
+def branch_launch(stage: Any, params: dict, branches: Sequence[int], grads: dict | None = None) -> GateLaunch:
+    """The launch of the gate ``stage`` (its ``fragment``) over the network's ``branches`` (in
+    order) with the gate's parameter tree ``params`` and, for a backward, ``grads``: where the
+    gradients go, keyed like ``params``."""
+    f = stage.fragment
+    ps = tuple(f.branch_arrays(params, d) for d in branches)
+    gs = None if grads is None else tuple(f.branch_arrays(grads, d) for d in branches)
+    return GateLaunch(f, ps, gs, stage, params, grads, tuple(branches))

@@ -1,0 +1,105 @@
+// The GLU's elementwise forward and backward for a gate compiled from its fragment (gate.cuh),
+// and the sums of the gate's parameter gradients; the built-in sigmoid's own elementwise kernels
+// are elementwise.cu's glu_forward and glu_backward.
+//   gate_glu_forward    h = gate(pre) * value over the joint layout, augmented as glu_forward
+//   gate_glu_backward   [dpre | dval] = [dh v gate'(pre) | dh gate(pre)] (over pv in place or
+//                       not) and, per block, its units' parameter-gradient terms summed over the
+//                       block's rows: partial [chunks, blocks H, GATE_TERMS]
+//   gate_glu_reduce     the gradients: the partials summed over the chunks in chunk order
+//   gate_terms_reduce   the gradients from glu_backward_gemm's partials (its CTAs, then their
+//                       warps, in order)
+// NumPy twins: foxhunt_core/gpu/reference.py gate_glu_forward, gate_glu_backward (the gate's
+// own forward and backward: the stage's array operations). Launch wrappers: foxhunt_core/gpu/gate.py.
+//
+// Layout, as elementwise.cu's GLU: branch b's [gate | value] pre-activations at column 2 H b of a
+// pv row, its h at column b width of h, its dh at column b H of dh; every array a row-major view
+// with its own row pitch. Unit j of branch b reads gate.p[b] (gate_unit) and its gradients go to
+// gate.g[b] (gate_store_grad).
+#include "gate.cuh"
+
+
+// GG_UNIT_TILE x GG_ROW_THREADS (gate_glu_backward's block): defines.cuh
+extern "C" __global__ void gate_glu_forward(const float* __restrict__ pv, int ld_pv, float* __restrict__ h, int ld_h,
+                                            int rows, int H, int width, int blocks,
+                                            const __grid_constant__ GateArgs gate) {
+    const long long row_len = (long long)blocks * width, total = rows * row_len;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(i / row_len), c = (int)(i - r * row_len);
+        const int b = c / width, j = c - b * width;
+        const float* p = pv + (long long)r * ld_pv + 2LL * H * b;
+        h[(long long)r * ld_h + c] =
+            j < H ? gate_value(p[j], gate_unit(gate, b, j)) * p[H + j] : (j == width - 1 ? 1.0f : 0.0f);
+    }
+}
+
+// Block (x, y): units x GG_UNIT_TILE .. + GG_UNIT_TILE - 1 of the blocks H, rows
+// y rows_per_chunk .. min(rows, (y + 1) rows_per_chunk) - 1.
+extern "C" __global__ void gate_glu_backward(const float* __restrict__ dh, int ld_dh, const float* pv, int ld_pv,
+                                             float* dpv, int ld_dpv, int rows, int H, int blocks,
+                                             const __grid_constant__ GateArgs gate, float* __restrict__ partial,
+                                             int rows_per_chunk) {
+    const int u = blockIdx.x * GG_UNIT_TILE + threadIdx.x;  // of blocks H
+    const int b = u / H, j = u - b * H;
+    const int r0 = blockIdx.y * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+    float acc[GATE_TERM_SLOTS];
+#pragma unroll
+    for (int t = 0; t < GATE_TERM_SLOTS; ++t) acc[t] = 0.0f;
+    if (u < blocks * H) {
+        const GateUnit unit = gate_unit(gate, b, j);
+        for (int r = r0 + threadIdx.y; r < r1; r += GG_ROW_THREADS) {
+            const float* p = pv + (long long)r * ld_pv + 2LL * H * b;
+            const float x = p[j], v = p[H + j], d = dh[(long long)r * ld_dh + u];
+            float g, terms[GATE_TERM_SLOTS];
+            const float dx = gate_backward(x, unit, d, v, &g, terms);
+            float* q = dpv + (long long)r * ld_dpv + 2LL * H * b;  // (may be pv: x and v are read above)
+            q[j] = dx;
+            q[H + j] = d * g;
+#pragma unroll
+            for (int t = 0; t < GATE_TERMS; ++t) acc[t] += terms[t];
+        }
+    }
+#if GATE_TERMS > 0
+    __shared__ float red[GG_ROW_THREADS][GATE_TERMS][GG_UNIT_TILE];
+#pragma unroll
+    for (int t = 0; t < GATE_TERMS; ++t) red[threadIdx.y][t][threadIdx.x] = acc[t];
+    __syncthreads();
+    for (int t = threadIdx.y; t < GATE_TERMS; t += GG_ROW_THREADS) {  // the block's row threads in order
+        float s = 0.0f;
+#pragma unroll
+        for (int y = 0; y < GG_ROW_THREADS; ++y) s += red[y][t][threadIdx.x];
+        if (u < blocks * H) partial[((long long)blockIdx.y * blocks * H + u) * GATE_TERMS + t] = s;
+    }
+#endif
+}
+
+// A thread per (unit of blocks H, term).
+extern "C" __global__ void gate_glu_reduce(const float* __restrict__ partial, int chunks, int H, int blocks,
+                                           const __grid_constant__ GateArgs gate) {
+#if GATE_TERMS > 0
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, units = blocks * H;
+    if (i >= units * GATE_TERMS) return;
+    const int u = i / GATE_TERMS, t = i - u * GATE_TERMS;
+    double s = 0.0;
+    for (int c = 0; c < chunks; ++c) s += (double)partial[((long long)c * units + u) * GATE_TERMS + t];
+    gate_store_grad(gate, u / H, u % H, t, (float)s);
+#endif
+}
+
+// A thread per (unit of blocks H, term): glu_backward_gemm's partial [ctas][warps][tile_cols][GATE_TERMS],
+// CTA c holding column tile c % col_tiles (the grid a multiple of the column tiles).
+extern "C" __global__ void gate_terms_reduce(const float* __restrict__ partial, int ctas, int warps, int tile_cols,
+                                             int H, int blocks, const __grid_constant__ GateArgs gate) {
+#if GATE_TERMS > 0
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, units = blocks * H;
+    if (i >= units * GATE_TERMS) return;
+    const int u = i / GATE_TERMS, t = i - u * GATE_TERMS;
+    const int b = u / H, j = u - b * H, per_branch = H / tile_cols, col_tiles = blocks * per_branch;
+    const int ct = b * per_branch + j / tile_cols, c_in = j % tile_cols;
+    double s = 0.0;
+    for (int c = ct; c < ctas; c += col_tiles)
+        for (int w = 0; w < warps; ++w)
+            s += (double)partial[(((long long)c * warps + w) * tile_cols + c_in) * GATE_TERMS + t];
+    gate_store_grad(gate, b, j, t, (float)s);
+#endif
+}
