@@ -14,16 +14,22 @@ __device__ __forceinline__ float gate_value(float x, const GateUnit& u) { return
 __device__ __forceinline__ float gate_backward(float x, const GateUnit& u, float dh, float v, float* gate,
                                                float* terms) {
     const float r = *u.p1;
-    KanPoint p;
-    float md;
-    const float dx = kan_gate_grad(x, u.p0, r, dh * v, &p, &md);
-    *gate = kan_clamp01(kan_raw(x, u.p0, r, p));
-    // md B_k for the coefficients (nonzero at span .. span + 3), then md x for the residual weight
-    float acc[KG_TERMS];
+    const KanPoint p = kan_locate(x);
+    const float raw = kan_raw(x, u.p0, r, p);
+    *gate = kan_clamp01(raw);
+    const float md = (raw > 0.0f && raw < 1.0f) ? dh * v : 0.0f;  // d loss / d gate through the clamp
+    float slope = 0.0f;
 #pragma unroll
-    for (int k = 0; k < KG_TERMS; ++k) acc[k] = 0.0f;
-    kan_accumulate(acc, p, md, x);
+    for (int j = 0; j < 4; ++j) slope += u.p0[p.span + j] * p.s[j];
+    // md B_k at k = span .. span + 3 (kan_accumulate's terms, here as one predicated block per span,
+    // lighter for the GEMM epilogue that inlines this per element), then md x for the residual
 #pragma unroll
-    for (int k = 0; k < KG_TERMS; ++k) terms[k] = acc[k];
-    return dx;
+    for (int k = 0; k < KG_NUM_BASES; ++k) terms[k] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KG_INTERVALS; ++s)
+        if (p.span == s)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) terms[s + j] = md * p.b[j];
+    terms[KG_NUM_BASES] = md * x;
+    return md * (slope + r);
 }

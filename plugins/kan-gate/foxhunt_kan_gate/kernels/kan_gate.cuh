@@ -44,15 +44,15 @@ __device__ __forceinline__ KanPoint kan_locate(float x) {
     const float t = u - (float)span, t2 = t * t, t3 = t2 * t, w = 1.0f - t;
     KanPoint p;
     p.span = span;
-    p.b[0] = w * w * w / 6.0f;
-    p.b[1] = (3.0f * t3 - 6.0f * t2 + 4.0f) / 6.0f;
-    p.b[2] = (-3.0f * t3 + 3.0f * t2 + 3.0f * t + 1.0f) / 6.0f;
-    p.b[3] = t3 / 6.0f;
+    p.b[0] = w * w * w * (1.0f / 6.0f);
+    p.b[1] = (3.0f * t3 - 6.0f * t2 + 4.0f) * (1.0f / 6.0f);
+    p.b[2] = (-3.0f * t3 + 3.0f * t2 + 3.0f * t + 1.0f) * (1.0f / 6.0f);
+    p.b[3] = t3 * (1.0f / 6.0f);
     const float k = (x >= KG_GRID_LO && x <= KG_GRID_HI) ? inv_step : 0.0f;
-    p.s[0] = -w * w / 2.0f * k;
-    p.s[1] = (3.0f * t2 - 4.0f * t) / 2.0f * k;
-    p.s[2] = (-3.0f * t2 + 2.0f * t + 1.0f) / 2.0f * k;  // dB2/dt = (-3t^2 + 2t + 1) / 2
-    p.s[3] = t2 / 2.0f * k;
+    p.s[0] = -w * w * 0.5f * k;
+    p.s[1] = (3.0f * t2 - 4.0f * t) * 0.5f * k;
+    p.s[2] = (-3.0f * t2 + 2.0f * t + 1.0f) * 0.5f * k;  // dB2/dt = (-3t^2 + 2t + 1) / 2
+    p.s[3] = t2 * 0.5f * k;
     return p;
 }
 
