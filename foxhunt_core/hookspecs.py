@@ -112,8 +112,9 @@ def post_attention(ctx: BuildContext) -> PostAttentionStage | None:
 def gate_activation(ctx: BuildContext) -> GateActivation | None:
     """Return the gate that replaces the sigmoid inside every branch's GLU (first result wins).
 
-    The stage provides forward, backward and its own parameters (one set per branch). Used by:
-    KAN spline gate.
+    The stage provides forward, backward and its own parameters (one set per branch), and for the
+    fused GPU path a CUDA fragment (``fragment``: :class:`~foxhunt_core.stages.GateFragment`; the
+    contract is ``foxhunt_core/kernels/gate.cuh``). Used by: KAN spline gate.
     """
 
 

@@ -79,9 +79,13 @@ as few launches as possible:
 
 Which of these arrangements a call takes is the execution plan's choice (:mod:`.plan`: built
 once per shapes, stages, device, batch size and TF32, written to the run directory as
-``gpu_plan.json``; :mod:`.table` holds its thresholds). Plugin stages (a gate activation,
-branch-input columns) have no fused form yet: the plan records them on the slow path, where they
-run their own forward/backward exactly as in the reference (captured in the same CUDA graph), each
+``gpu_plan.json``; :mod:`.table` holds its thresholds). A gate activation with a CUDA fragment
+(:class:`~foxhunt_core.stages.GateFragment`; the sigmoid's is built in) is compiled into
+``glu_gemm``'s and ``glu_backward_gemm``'s epilogues and the elementwise GLU kernels, its
+parameter gradients summed there in a fixed order; only the stacked forwards of small batches are
+off for it (a launch reads one tree's gate parameters). A gate without a fragment, and
+branch-input columns, have no fused form: the plan records them on the slow path, where they run
+their own forward/backward exactly as in the reference (captured in the same CUDA graph), each
 forward on its own, and a branch with extra input columns forms its augmented input explicitly.
 ``tests/gpu/test_update_gpu.py`` checks this path against the NumPy one, and
 ``tests/net/test_fused_arrangement.py`` runs this very code over NumPy twins of the kernels.

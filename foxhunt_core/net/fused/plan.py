@@ -33,6 +33,7 @@ from ...gpu.kernels import (
     heads_dueling_supported,
 )
 from ...gpu.launch import HEAD_ALIGN, head_columns
+from ...stages import GateFragment
 from . import layout
 from .table import ARRANGEMENTS, FILL_RULE, THRESHOLDS
 
@@ -225,6 +226,8 @@ class ExecutionPlan:
         H = sh.adv_h
         stages = []
         fragment = getattr(net.gate, "fragment", None)
+        foreign = fragment is not None and not isinstance(fragment, GateFragment)
+        fragment = None if foreign else fragment
         built_in = isinstance(net.gate, SigmoidGate)
         stack_trees = Decision(True, "the gate has no parameters of its own")
         if built_in:
@@ -242,7 +245,9 @@ class ExecutionPlan:
                 stack_trees = Decision(False, f"the gate {net.gate.name!r} has parameters of its own, which the "
                                               "GLU kernels read from one tree a launch")
         else:
-            gate = Decision(False, f"the gate {net.gate.name!r} has no CUDA fragment")
+            gate = Decision(False, f"the gate {net.gate.name!r} has no CUDA fragment" + (
+                f" (its fragment attribute is a {type(net.gate.fragment).__name__}, not a "
+                "foxhunt_core.stages.GateFragment)" if foreign else ""))
             stages.append(StagePlan("gate_activation", net.gate.name, "slow",
                                     f"{gate.why}: its forward and backward run per branch as array operations, "
                                     "and several forwards no longer run as one (no stacking, no target forward "
