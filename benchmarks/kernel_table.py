@@ -1,12 +1,15 @@
 """Per-kernel GPU time of one foxhunt update, from CUPTI through torch.profiler.
 
     python benchmarks/kernel_table.py [--batch 65536] [--steps 5] [--top 40] [--one-stream]
+        [--flags FILE | --tanh-gate]
     python benchmarks/kernel_table.py --torch compile|"compile tuned" [--batch 65536]
 
 The update runs from its CUDA graph is opaque to the profiler, so the profiled steps run eagerly
 (same kernels, launch gaps aside). Prints every kernel's total device time per update, grouped
 by name, largest first, and the sum. With the side stream (the default) kernels overlap, so the
-sum exceeds the step's time; ``--one-stream`` gives each kernel's time alone.
+sum exceeds the step's time; ``--one-stream`` gives each kernel's time alone. ``--flags`` profiles
+the update with a flag file's plugin stages and network (as ``bench_update.py --flags``),
+``--tanh-gate`` stage 0 with the tests' tanh gate.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def main() -> int:
     ap.add_argument("--torch", choices=["compile", "compile tuned"], default=None,
                     help="profile the PyTorch peer's compiled step instead (benchmarks/torch_peer.py; eager "
                          "launches of the compiled kernels; 'tuned' is PeerNet(tuned=True) with a fused Adam)")
+    ap.add_argument("--flags", type=Path, default=None, help="profile the update of this flag set's stages")
+    ap.add_argument("--tanh-gate", action="store_true", help="profile stage 0 with the tests' tanh gate")
     args = ap.parse_args()
     if args.torch:
         return torch_table(args)
@@ -51,9 +56,23 @@ def main() -> int:
     cublas.set_tf32(True)
     cublaslt.set_autotune(True)  # the default settings' GEMM algorithms (train.gemm_autotune), tuned in the warm-up
     B = args.batch
-    agent = Agent(RunSettings(), PluginSet(), cp, np.random.default_rng(0),
+    settings, plugins, options = RunSettings(), PluginSet(), {}
+    if args.flags is not None:
+        from foxhunt_core.flags import load_flags
+        from foxhunt_core.plugins import discover
+
+        flags = load_flags(args.flags)
+        settings, options = flags.settings, flags.option_models
+        plugins = (flags.registry or discover()).plugin_set(flags.enabled)
+    elif args.tanh_gate:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from foxhunt_core.plugins import LoadedPlugin
+        from hook_plugins import TanhGatePlugin
+
+        plugins = PluginSet([LoadedPlugin("tanh_gate", 5, TanhGatePlugin())])
+    agent = Agent(settings, plugins, cp, np.random.default_rng(0), options=options,
                   plan_overrides={"side_stream": not args.one_stream})
-    batch = random_batch(B)
+    batch = random_batch(B, net=settings.net)
     coeff = cp.asarray(0.001, dtype=cp.float32)
     for _ in range(3):
         agent.update(batch, coeff)

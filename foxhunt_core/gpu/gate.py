@@ -160,7 +160,10 @@ def gate_terms_reduce(partial: Array, gate: GateLaunch, *, ctas: int, warps: int
     k = "gate_terms_reduce"
     defs, inc = gate.compile_options()
     T = gate.terms
-    _kernel("gate_glu.cu", k, defs, inc)((blocks_for(blocks * H * T, THREADS),), (THREADS,),
+    if tile_cols % GG_UNIT_TILE or H % tile_cols:
+        raise ValueError(f"{k}: column tiles of {tile_cols} must hold whole blocks of {GG_UNIT_TILE} units "
+                         f"and divide H = {H}")
+    _kernel("gate_glu.cu", k, defs, inc)((-(-blocks * H // GG_UNIT_TILE), T), (GG_UNIT_TILE, GG_ROW_THREADS),
                                          (partial, i32(ctas), i32(warps), i32(tile_cols), i32(H), i32(blocks),
                                           gate.args(k, blocks, H)))
 

@@ -6,8 +6,8 @@
 //                       not) and, per block, its units' parameter-gradient terms summed over the
 //                       block's rows: partial [chunks, blocks H, GATE_TERMS]
 //   gate_glu_reduce     the gradients: the partials summed over the chunks in chunk order
-//   gate_terms_reduce   the gradients from glu_backward_gemm's partials (its CTAs, then their
-//                       warps, in order)
+//   gate_terms_reduce   the gradients from glu_backward_gemm's partials (a fixed order over its
+//                       CTAs and their warps)
 // NumPy twins: foxhunt_core/gpu/reference.py gate_glu_forward, gate_glu_backward (the gate's
 // own forward and backward: the stage's array operations). Launch wrappers: foxhunt_core/gpu/gate.py.
 //
@@ -86,20 +86,40 @@ extern "C" __global__ void gate_glu_reduce(const float* __restrict__ partial, in
 #endif
 }
 
-// A thread per (unit of blocks H, term): glu_backward_gemm's partial [ctas][warps][tile_cols][GATE_TERMS],
-// CTA c holding column tile c % col_tiles (the grid a multiple of the column tiles).
+// glu_backward_gemm's partial [ctas][warps][tile_cols][GATE_TERMS] summed: CTA c holds column
+// tile c % col_tiles (the grid a multiple of the column tiles). Block (x, t): units x GG_UNIT_TILE
+// .. + GG_UNIT_TILE - 1 (within one column tile), term t; its GG_ROW_THREADS rows of threads take
+// the (CTA, warp) pairs of that tile in turn, each summing every GG_ROW_THREADS-th, and the rows'
+// sums are added in row order: a fixed order, and a chain of a few dozen loads per thread where
+// a thread per (unit, term) walking them all took 70-150 us at 65536 rows.
+__device__ __forceinline__ void terms_reduce(const float* __restrict__ partial, int ctas, int warps, int tile_cols,
+                                             int H, int blocks, const GateArgs& gate) {
+#if GATE_TERMS > 0
+    __shared__ double red[GG_ROW_THREADS][GG_UNIT_TILE];
+    const int u = blockIdx.x * GG_UNIT_TILE + threadIdx.x, t = blockIdx.y, units = blocks * H;
+    const int per_branch = H / tile_cols, col_tiles = blocks * per_branch;
+    const int u0 = blockIdx.x * GG_UNIT_TILE;  // (the block's column tile: its first unit's; the grid covers the units)
+    const int ct = (u0 / H) * per_branch + (u0 % H) / tile_cols;
+    const int pairs = (ctas - ct + col_tiles - 1) / col_tiles * warps;  // (CTA, warp) pairs of the tile
+    double s = 0.0;
+    if (u < units) {
+        const int c_in = (u % H) % tile_cols;
+        for (int i = threadIdx.y; i < pairs; i += GG_ROW_THREADS) {
+            const int c = ct + (i / warps) * col_tiles, w = i % warps;
+            s += (double)partial[(((long long)c * warps + w) * tile_cols + c_in) * GATE_TERMS + t];
+        }
+    }
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && u < units) {
+        double total = 0.0;
+        for (int y = 0; y < GG_ROW_THREADS; ++y) total += red[y][threadIdx.x];
+        gate_store_grad(gate, u / H, u % H, t, (float)total);
+    }
+#endif
+}
+
 extern "C" __global__ void gate_terms_reduce(const float* __restrict__ partial, int ctas, int warps, int tile_cols,
                                              int H, int blocks, const __grid_constant__ GateArgs gate) {
-#if GATE_TERMS > 0
-    const int i = blockIdx.x * blockDim.x + threadIdx.x, units = blocks * H;
-    if (i >= units * GATE_TERMS) return;
-    const int u = i / GATE_TERMS, t = i - u * GATE_TERMS;
-    const int b = u / H, j = u - b * H, per_branch = H / tile_cols, col_tiles = blocks * per_branch;
-    const int ct = b * per_branch + j / tile_cols, c_in = j % tile_cols;
-    double s = 0.0;
-    for (int c = ct; c < ctas; c += col_tiles)
-        for (int w = 0; w < warps; ++w)
-            s += (double)partial[(((long long)c * warps + w) * tile_cols + c_in) * GATE_TERMS + t];
-    gate_store_grad(gate, b, j, t, (float)s);
-#endif
+    terms_reduce(partial, ctas, warps, tile_cols, H, blocks, gate);
 }
