@@ -89,7 +89,8 @@ class GateLaunch:
                                      f"{len(f.arrays)}")
                 for a, (name, u) in enumerate(zip(f.arrays, f.unit_floats)):
                     x = arrays[a]
-                    _unit_array(k, f"gate {what} {name.format(d=s)}", x, units, u)
+                    d = self.branches[s] if len(self.branches) == sets else s  # (the network's branch)
+                    _unit_array(k, f"gate {what} {name.format(d=d)}", x, units, u)
                     out["p" if what == "params" else "g"][0, s, a] = x.data.ptr
         return out
 
