@@ -82,3 +82,14 @@ def glu_blocks(k: str, pv: Array, blocks: int) -> tuple[int, int, int]:
         raise ValueError(f"{k}: pv spans {ld * B} elements; the elementwise kernels take fewer than 2^30")
     return B, cols // (2 * blocks), ld
 
+
+
+def glu_output(k: str, pv: Array, blocks: int, width: int | None, h: Array | None) -> tuple:
+    """``(B, H, ld_pv, W, h, ld_h)`` of a GLU forward over ``pv`` (:func:`glu_blocks`): ``h``
+    [B, blocks W], given (checked) or new, ``W`` the augmented width (at least H; H if None)."""
+    B, H, ld_pv = glu_blocks(k, pv, blocks)
+    W = H if width is None else int(width)
+    if W < H:
+        raise ValueError(f"{k}: width {W} is less than the layer's {H} columns")
+    h, ld_h = view_out(k, "h", h, (B, blocks * W))
+    return B, H, ld_pv, W, h, ld_h

@@ -14,6 +14,7 @@ from .arrays import (
     augmented,
     elementwise_grid,
     glu_blocks,
+    glu_output,
     matrix,
     rows_view,
     view_out,
@@ -32,11 +33,7 @@ def glu_forward(pv: Array, *, width: int | None = None, blocks: int = 1, h: Arra
     ``pv`` [B, blocks 2H] gives ``h`` [B, blocks width]. ``pv`` and ``h`` may be views with any
     row pitch (column blocks of wider arrays)."""
     k = "glu_forward"
-    B, H, ld_pv = glu_blocks(k, pv, blocks)
-    W = H if width is None else int(width)
-    if W < H:
-        raise ValueError(f"{k}: width {W} is less than the layer's {H} columns")
-    h, ld_h = view_out(k, "h", h, (B, blocks * W))
+    B, H, ld_pv, W, h, ld_h = glu_output(k, pv, blocks, width, h)
     vec4 = H % 4 == 0 and W % 4 == 0 and ld_pv % 4 == 0 and ld_h % 4 == 0 and aligned16(pv, h)
     total = B * blocks * W
     _kernel("elementwise.cu", k + "_vec4" if vec4 else k)(

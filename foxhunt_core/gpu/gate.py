@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..stages import GateFragment
-from .arrays import F32, elementwise_grid, glu_blocks, rows_view, view_out
+from .arrays import F32, elementwise_grid, glu_blocks, glu_output, rows_view, view_out
 from .defines import value
 from .launch import KERNEL_DIR, THREADS, blocks_for, i32
 from .launch import get_kernel as _kernel
@@ -111,11 +111,7 @@ def gate_glu_forward(pv: Array, gate: GateLaunch, *, width: int | None = None, b
     branch ``b`` of ``blocks`` reading ``gate.params[b]``): ``h = gate(pre) * value``, augmented
     to ``width`` columns per branch."""
     k = "gate_glu_forward"
-    B, H, ld_pv = glu_blocks(k, pv, blocks)
-    W = H if width is None else int(width)
-    if W < H:
-        raise ValueError(f"{k}: width {W} is less than the layer's {H} columns")
-    h, ld_h = view_out(k, "h", h, (B, blocks * W))
+    B, H, ld_pv, W, h, ld_h = glu_output(k, pv, blocks, width, h)
     defs, inc = gate.compile_options()
     if B:
         _kernel("gate_glu.cu", k, defs, inc)((elementwise_grid(B * blocks * W),), (THREADS,),
