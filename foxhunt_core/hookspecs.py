@@ -133,7 +133,8 @@ def branch_inputs(ctx: BuildContext) -> BranchInputStage | tuple[BranchInputStag
     """Return a stage (or a tuple of stages, e.g. other columns for other branches) that widens
     some branches' inputs with columns from the observation.
 
-    The engine widens those branches' GLU layers accordingly; a stage whose ``zero_init_rows`` is
+    The engine widens those branches' GLU layers accordingly (the rows reading the columns are the
+    core's tensors ``branch<d>.w_gate_in`` / ``w_val_in``); a stage whose ``zero_init_rows`` is
     true gets the rows that read its columns initialised at zero. Used by: TLOB / OFI injection.
     """
 

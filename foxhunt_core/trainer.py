@@ -63,6 +63,7 @@ from .explore import LiquidTau, annealed_tau, iqn_readiness
 from .hookspecs import RunContext
 from .logs import RunLog, Stopwatch, jsonable
 from .market.source import check_fingerprint, load_market
+from .net.network import split_widened_rows
 from .plugins import PluginSet
 from .qpipe import branch_argmax
 from .selection import Selection
@@ -467,6 +468,7 @@ class Trainer:
         """Restore everything from a checkpoint written by a run with the same settings (and, with
         ``history``, its training history, which must then be in the run directory's metrics.json)."""
         tensors, meta = load_checkpoint(path)
+        tensors = split_widened_rows(tensors, self.agent.net)  # (checkpoints written before the split)
         checkpoint_meta.check_meta(meta, path)
         if _without_steps(meta["settings"]) != _without_steps(self.settings.model_dump(mode="json")):
             raise CheckpointError(f"{path}: settings in the checkpoint differ from this run's")

@@ -6,9 +6,11 @@ the trial for seed ``s`` starts from the last promoted stage's final checkpoint 
 * Every parameter tensor of the checkpoint's online network that the new network also has, with
   the same shape, is copied: the core's and those of the plugins both runs enable.
 * A newly enabled plugin's parameters stay at their init (its ``init_params``).
-* A branch-input plugin widens its branches' GLU input (``u_d = [z, cond_d, extra_d]``): the rows
-  of ``branch<d>.w_gate`` / ``w_val`` that read the checkpoint's columns are copied, the rows that
-  read the new plugin's columns are set to **zero**, so at step 0 the new columns change nothing.
+* A branch-input plugin widens its branches' GLU input (``u_d = [z, cond_d, extra_d]``); the rows
+  reading ``extra_d`` are ``branch<d>.w_gate_in`` / ``w_val_in``. Where the checkpoint has them
+  for fewer columns, the rows that read the checkpoint's columns are copied and the rows that read
+  the new plugin's columns are set to **zero**; where it has none, they are all set to zero. So
+  at step 0 the new columns change nothing.
 * The target network starts equal to the online one (as at any run's start); the optimizer, the
   replay buffer, the exploration schedule and the step counter start afresh: the run trains its
   own ``train.steps`` updates.
@@ -31,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import CheckpointError, atomic_write_text, load_checkpoint, unflatten
-from .net.network import MAGNITUDE
+from .net.network import split_widened_rows
 
 RECORD = "warm_start.json"
-WIDENED = ("w_gate", "w_val")
+WIDENED = ("w_gate_in", "w_val_in")
 
 
 def identity_declarations(plugins: Any) -> dict[str, bool]:
@@ -44,10 +46,10 @@ def identity_declarations(plugins: Any) -> dict[str, bool]:
 
 
 def branch_rows(net: Any, d: int, keep: set[str]) -> np.ndarray:
-    """Row indices of branch ``d``'s GLU input ``u_d`` that an older network, whose branch-input
-    plugins were ``keep``, also had (in that network's order)."""
-    rows = list(range(net.settings.shared_h2 + (net.sizes[0] if d == MAGNITUDE else 0)))
-    at = len(rows)
+    """Row indices of branch ``d``'s ``w_gate_in`` / ``w_val_in`` (one row per extra input column)
+    that an older network, whose branch-input plugins were ``keep``, also had (in its order)."""
+    rows: list[int] = []
+    at = 0
     for st in net.branch_inputs:
         if d not in st.branches:
             continue
@@ -77,6 +79,13 @@ def transfer(agent: Any, saved: dict[str, dict[str, np.ndarray]], old_plugins: l
         for name, dst in sub.items():
             key = f"{owner}/{name}"
             src = saved.get(owner, {}).get(name)
+            part = name.split(".", 1)
+            d = int(part[0][len("branch"):]) if owner == "core" and part[0].startswith("branch") else None
+            rows_in = d is not None and part[1] in WIDENED  # rows reading branch-input columns
+            if src is None and rows_in:  # the branch had no extra columns: all of them are new
+                dst[...] = 0.0
+                widened.append(key)
+                continue
             if src is None:
                 at_init.append(key)
                 continue
@@ -85,9 +94,7 @@ def transfer(agent: Any, saved: dict[str, dict[str, np.ndarray]], old_plugins: l
                 dst[...] = xp.asarray(src, dtype=dst.dtype)
                 copied[key] = np.asarray(src)
                 continue
-            part = name.split(".", 1)
-            d = int(part[0][len("branch"):]) if owner == "core" and part[0].startswith("branch") else None
-            if d is not None and part[1] in WIDENED:
+            if rows_in:
                 rows = branch_rows(net, d, keep)
                 if src.shape == (rows.size, shape[1]):
                     full = np.zeros(shape, dtype=np.asarray(src).dtype)
@@ -111,6 +118,7 @@ def warm_start(trainer: Any, checkpoint: Path) -> dict[str, Any]:
     if trainer.step != 0:
         raise CheckpointError(f"{checkpoint}: a warm start begins a new run (this one is at update {trainer.step})")
     tensors, meta = load_checkpoint(checkpoint)
+    tensors = split_widened_rows(tensors, trainer.agent.net)
     old = list(meta.get("plugins", []))
     rec = transfer(trainer.agent, unflatten("online", tensors), old, str(checkpoint))
     ident = identity_declarations(trainer.plugins)

@@ -8,14 +8,38 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 from typer.testing import CliRunner
 
-from foxhunt_core.checkpoint import CheckpointError, load_checkpoint, unflatten
+from foxhunt_core.checkpoint import CheckpointError, flatten, load_checkpoint, unflatten
 from foxhunt_core.cli import app
 from foxhunt_core.config import RunSettings
 from foxhunt_core.manifest import ParamSpec, PluginManifest
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.trainer import CHECKPOINT, Trainer
-from foxhunt_core.warmstart import RECORD, branch_rows, warm_start
+from foxhunt_core.hookspecs import hookimpl
+from foxhunt_core.warmstart import RECORD, branch_rows, transfer, warm_start
 from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
+
+
+class TwoColumnsStage:
+    """Two observation columns for the order branch, read by rows that start at zero."""
+
+    name, branches, width, zero_init_rows = "two_columns", (2,), 2, True
+
+    def init_params(self, rng):
+        return {}
+
+    def forward(self, xp, params, obs):
+        return obs[:, :2], None
+
+    def backward(self, xp, params, cache, dcols):
+        return {}
+
+
+class TwoColumnsPlugin:
+    POSITION = 8
+
+    @hookimpl
+    def branch_inputs(self, ctx):
+        return TwoColumnsStage()
 
 
 class NoOptions(BaseModel):
@@ -31,12 +55,13 @@ def settings(**net):
 
 
 PLUGINS = {"center": CenterPlugin, "affine_post": AffinePostPlugin, "ofi_column": OfiColumnPlugin,
-           "tanh_gate": TanhGatePlugin}
-IDENTITY = {"center": False, "affine_post": True, "ofi_column": True, "tanh_gate": False}
+           "tanh_gate": TanhGatePlugin, "two_columns": TwoColumnsPlugin}
+IDENTITY = {"center": False, "affine_post": True, "ofi_column": True, "tanh_gate": False, "two_columns": True}
 PARAMS = {  # what each stand-in's stage creates, as its manifest must declare it
     "center": (),
     "affine_post": tuple(ParamSpec(name=k, shape=("num_actions",), description=k) for k in "abc"),
     "ofi_column": (ParamSpec(name="w", shape=(1,), description="w"),),
+    "two_columns": (),
     "tanh_gate": tuple(ParamSpec(name=f"b{d}.slope", shape=("adv_h",), description="slope") for d in range(4)),
 }
 
@@ -83,7 +108,8 @@ def test_a_component_that_starts_as_the_identity_keeps_the_good_stages_q_at_step
     assert np.abs(cold - q_good).max() > 1e-2  # a fresh init is a different function
     assert np.array_equal(tr.agent.greedy(obs_batch()), before.agent.greedy(obs_batch()))
     if "ofi_column" in new:  # its columns read by rows of zeros in the branches it widens
-        assert sorted(rec["widened"]) == sorted(f"core/branch{d}.{w}" for d in (2, 3) for w in ("w_gate", "w_val"))
+        assert sorted(rec["widened"]) == sorted(f"core/branch{d}.{w}_in" for d in (2, 3) for w in ("w_gate", "w_val"))
+        assert not any(tr.agent.online["core"][k[len("core/"):]].any() for k in rec["widened"])
         assert rec["at_init"] == ["ofi_column/w"] + (
             [f"affine_post/{k}" for k in "abc"] if "affine_post" in new else [])
     for owner, sub in tr.agent.target.items():  # the target starts as the online network
@@ -132,9 +158,23 @@ def test_a_network_of_other_sizes_cannot_be_warm_started(good, tmp_path):
 def test_branch_rows_follow_the_input_layout():
     tr = Trainer(settings(), plugin_set(["ofi_column"]))
     net = tr.agent.net
-    assert list(branch_rows(net, 2, set())) == list(range(16))
-    assert list(branch_rows(net, 2, {"ofi_column"})) == list(range(17))
-    assert list(branch_rows(net, 1, set())) == list(range(16 + 3))  # the direction-Q columns stay
+    # rows of branch<d>.w_gate_in / w_val_in (one per extra column) the older network also had
+    assert list(branch_rows(net, 2, set())) == []
+    assert list(branch_rows(net, 2, {"ofi_column"})) == [0]
+    assert list(branch_rows(net, 1, {"ofi_column"})) == []  # the OFI column widens branches 2 and 3
+
+
+def test_a_second_branch_input_plugin_widens_the_rows_of_the_first(tmp_path):
+    # a checkpoint with one branch-input plugin, warm-started with a second on the same branch:
+    # the first's rows are copied, the second's start at zero
+    old = Trainer(settings(), plugin_set(["ofi_column"]))
+    new = Trainer(settings(), plugin_set(["ofi_column", "two_columns"]), tmp_path / "w")
+    saved = {o: {k: np.asarray(v) for k, v in sub.items()} for o, sub in old.agent.online.items()}
+    saved["core"]["branch2.w_gate_in"] = np.full_like(saved["core"]["branch2.w_gate_in"], 0.25)
+    rec = transfer(new.agent, unflatten("online", flatten("online", saved)), ["ofi_column"])
+    w = new.agent.online["core"]["branch2.w_gate_in"]
+    assert "core/branch2.w_gate_in" in rec["widened"] and w.shape[0] == 1 + 2
+    assert np.all(w[0] == 0.25) and not w[1:].any()
 
 
 def test_train_init_from_a_missing_checkpoint_is_one_line_exit_2(tmp_path):

@@ -15,8 +15,8 @@ A tensor may be given a larger *storage* shape (``storage={owner: {name: (rows, 
 ``(n,)`` for a vector): its view is then the top-left corner of a zero-padded block, and the
 block itself is :attr:`FlatTree.storage` (also reachable from the tree as
 ``tree[owner].storage[name]``). Other tensors of the same owner may live in that block beside
-it (``Shared(name, col)``: a matrix from column ``col`` on, or a vector in the block's row
-``row``), so that tensors the GPU uses together form one matrix. The GPU network keeps, for
+it (``Shared(name, col, row)``: a matrix from column ``col`` on, its first row at the block's
+row ``row`` (0 by default), or a vector in the block's row ``row``), so that tensors the GPU uses together form one matrix. The GPU network keeps, for
 example, each GLU's gate and value weights side by side in one [K, 2H] block with their biases
 in the block's last row (one GEMM for both, the bias through a ones column of the input), and
 the 153-column advantage weights in a 156-column block, so that cuBLAS runs their products on
@@ -43,7 +43,8 @@ Tree = dict[str, dict[str, Any]]
 @dataclass(frozen=True)
 class Shared:
     """A storage spec: the tensor lives in ``name``'s padded block, from column ``col`` on; a
-    vector in a matrix block lives in its row ``row``."""
+    vector in a matrix block lives in its row ``row``, a matrix from its row ``row`` down (from
+    the top when ``row`` is None)."""
 
     name: str
     col: int = 0
@@ -59,7 +60,7 @@ class Slot:
     storage: Shape  # ``shape``, or a larger block of which the tensor is a corner or a part
     col: int = 0  # first column (element, for a vector) of the tensor in its block
     shared: bool = False  # the block is another tensor's (this one takes no space of its own)
-    row: int | None = None  # a vector in a matrix block: its row
+    row: int | None = None  # a vector in a matrix block: its row; a matrix: its first row
 
     @property
     def size(self) -> int:
@@ -121,8 +122,10 @@ def _layout(shapes: Mapping[str, Mapping[str, Shape]], align: int,
 
 
 def _fits(shape: Shape, block: Shape, col: int, row: int | None = None) -> bool:
-    """Whether a tensor of ``shape`` fits in ``block`` from column ``col`` (same rank, 1 or 2; or
-    a vector in row ``row`` of a matrix block)."""
+    """Whether a tensor of ``shape`` fits in ``block`` from column ``col`` (same rank, 1 or 2,
+    a matrix from row ``row`` down; or a vector in row ``row`` of a matrix block)."""
+    if row is not None and len(shape) == 2:
+        return len(block) == 2 and 0 <= row and row + shape[0] <= block[0] and 0 <= col and col + shape[1] <= block[1]
     if row is not None:
         return len(shape) == 1 and len(block) == 2 and 0 <= row < block[0] and 0 <= col and col + shape[0] <= block[1]
     if len(shape) != len(block) or len(shape) not in (1, 2):
@@ -132,6 +135,8 @@ def _fits(shape: Shape, block: Shape, col: int, row: int | None = None) -> bool:
 
 def _rect(slot: Slot) -> tuple[int, int, int, int]:
     """``(row0, row1, col0, col1)`` a tensor covers in its block."""
+    if slot.row is not None and len(slot.shape) == 2:
+        return slot.row, slot.row + slot.shape[0], slot.col, slot.col + slot.shape[1]
     if slot.row is not None:
         return slot.row, slot.row + 1, slot.col, slot.col + slot.shape[0]
     rows = slot.shape[0] if len(slot.shape) == 2 else 1
@@ -206,7 +211,9 @@ class FlatTree:
                     views[name] = block
                     continue
                 c0, c1 = slot.col, slot.col + slot.shape[-1]
-                if slot.row is not None:
+                if slot.row is not None and len(slot.shape) == 2:
+                    views[name] = block[slot.row : slot.row + slot.shape[0], c0:c1]
+                elif slot.row is not None:
                     views[name] = block[slot.row, c0:c1]
                 else:
                     views[name] = block[c0:c1] if len(slot.shape) == 1 else block[: slot.shape[0], c0:c1]

@@ -11,6 +11,8 @@ Shapes (all from :class:`~foxhunt_core.config.NetSettings`; ``A = sum(branch_siz
       for branch d (direction, magnitude, order, urgency):
         u_d = [z, cond_d, extra_d]                          magnitude: cond = Q_dir / q_scale
         h_d = gate(u_d Wg + bg) * (u_d Wb + bb)   [B, Ad]   GLU (gate: sigmoid or a plugin stage)
+                                                            Wg = [w_gate; w_gate_in] (the rows of extra_d
+                                                            a tensor of their own), Wb likewise
         Adv_d = h_d Wo + bo                       [B, n_d, N]
         logits_d = V + Adv_d - mean_a Adv_d                 per-atom dueling aggregation
     probs = softmax over atoms                    [B, A, N]
@@ -19,6 +21,10 @@ The magnitude branch is conditioned on the direction branch: its input carries t
 branch's three expected Q-values (scaled by ``q_scale = max(|v_min|, |v_max|)``), so gradients
 reach the direction branch and the value head through that path too. Branch-input stages
 (the ``branch_inputs`` hook) append columns computed from the observation to chosen branches.
+The GLU weight rows that read those columns are tensors of their own, ``branch<d>.w_gate_in``
+and ``branch<d>.w_val_in`` [extra width, adv_h] (present where the branch has extra columns):
+the GPU network places them in its weight blocks where the columns are, apart from the rows
+that read z and the direction Q.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import re
 
 import numpy as np
 
@@ -74,6 +82,26 @@ class NetOutput:
     heads: tuple[Array, Array] | None = None
 
 
+WIDENED_KEY = re.compile(r"^(?P<head>.+/)?core/branch(?P<d>\d+)\.(?P<w>w_gate|w_val)$")
+
+
+def split_widened_rows(tensors: dict[str, np.ndarray], net: BranchingC51) -> dict[str, np.ndarray]:
+    """Flat checkpoint tensors (``<prefix>/core/branch<d>.w_gate`` ...) with the GLU rows that read
+    branch-input columns split off into ``w_gate_in`` / ``w_val_in``, as this network keeps them.
+    Checkpoints written before the split hold them as extra rows of ``w_gate`` / ``w_val``; those
+    load as if written now. Other tensors, and checkpoints already split, pass unchanged."""
+    out = dict(tensors)
+    for key, a in tensors.items():
+        m = WIDENED_KEY.match(key)
+        if m is None or a.ndim != 2 or int(m["d"]) >= len(net.sizes):
+            continue
+        base = net.base_width(int(m["d"]))
+        extra = key + "_in"
+        if a.shape[0] > base and extra not in tensors:
+            out[key], out[extra] = a[:base], a[base:]
+    return out
+
+
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float) -> np.ndarray:
     lim = gain * np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-lim, lim, size=(fan_in, fan_out))
@@ -117,10 +145,21 @@ class BranchingC51:
             sum(st.width for st in self.branch_inputs if d in st.branches)
             for d in range(len(self.sizes))
         ]
-        self.in_width = [
-            net.shared_h2 + (self.sizes[DIRECTION] if d == MAGNITUDE else 0) + self.extra_width[d]
-            for d in range(len(self.sizes))
-        ]
+        self.in_width = [self.base_width(d) + self.extra_width[d] for d in range(len(self.sizes))]
+
+    def base_width(self, d: int) -> int:
+        """Rows of ``branch<d>.w_gate`` / ``w_val``: z, and for the magnitude branch the direction Q
+        (the rows reading branch-input columns are ``w_gate_in`` / ``w_val_in``)."""
+        return self.settings.shared_h2 + (self.sizes[DIRECTION] if d == MAGNITUDE else 0)
+
+    def glu_weights(self, p: Params, d: int) -> tuple[Array, Array]:
+        """Branch ``d``'s whole GLU weights ``(W_gate, W_val)`` [in_width, adv_h]: the base rows, then
+        the rows reading branch-input columns."""
+        if not self.extra_width[d]:
+            return p[f"branch{d}.w_gate"], p[f"branch{d}.w_val"]
+        xp = L._xp(p[f"branch{d}.w_gate"])
+        return tuple(xp.concatenate([p[f"branch{d}.{w}"], p[f"branch{d}.{w}_in"]], axis=0)
+                     for w in ("w_gate", "w_val"))
 
     # ------------------------------------------------------------------ parameters
     def drawn_rows(self, d: int) -> np.ndarray:
@@ -150,11 +189,13 @@ class BranchingC51:
             "value.b": np.zeros(s.num_atoms),
         }
         for d, n in enumerate(self.sizes):
-            drawn = self.drawn_rows(d)
-            core[f"branch{d}.w_gate"] = _rows_glorot(rng, drawn, s.adv_h, g)
-            core[f"branch{d}.b_gate"] = np.zeros(s.adv_h)
-            core[f"branch{d}.w_val"] = _rows_glorot(rng, drawn, s.adv_h, g)
-            core[f"branch{d}.b_val"] = np.zeros(s.adv_h)
+            drawn, base = self.drawn_rows(d), self.base_width(d)
+            for w, b in (("w_gate", "b_gate"), ("w_val", "b_val")):
+                full = _rows_glorot(rng, drawn, s.adv_h, g)
+                core[f"branch{d}.{w}"] = full[:base]
+                if self.extra_width[d]:
+                    core[f"branch{d}.{w}_in"] = full[base:]
+                core[f"branch{d}.{b}"] = np.zeros(s.adv_h)
             core[f"branch{d}.w_out"] = _glorot(rng, s.adv_h, n * s.num_atoms, 0.1 * g)
             core[f"branch{d}.b_out"] = np.zeros(n * s.num_atoms)
         tree: ParamTree = {"core": core}
@@ -212,9 +253,10 @@ class BranchingC51:
                 parts.append(q_dir / self.q_scale)
             parts += [cols for st, cols in zip(self.branch_inputs, extra_cols) if d in st.branches]
             u = xp.concatenate(parts, axis=1) if len(parts) > 1 else z
-            pre = L.linear(u, p[f"branch{d}.w_gate"], p[f"branch{d}.b_gate"])
+            w_gate, w_val = self.glu_weights(p, d)
+            pre = L.linear(u, w_gate, p[f"branch{d}.b_gate"])
             gate, gcache = self.gate.forward(xp, gp, d, pre)
-            val = L.linear(u, p[f"branch{d}.w_val"], p[f"branch{d}.b_val"])
+            val = L.linear(u, w_val, p[f"branch{d}.b_val"])
             h = gate * val
             adv = L.linear(h, p[f"branch{d}.w_out"], p[f"branch{d}.b_out"])
             adv = adv.reshape(B, self.sizes[d], N)
@@ -267,12 +309,14 @@ class BranchingC51:
             dpre, gg = self.gate.backward(xp, gp, d, bc["gcache"], dgate)
             for k, val in gg.items():
                 ggate[k] = ggate[k] + val if k in ggate else val
-            du1, g[f"branch{d}.w_gate"], g[f"branch{d}.b_gate"] = L.linear_backward(
-                bc["u"], p[f"branch{d}.w_gate"], dpre
-            )
-            du2, g[f"branch{d}.w_val"], g[f"branch{d}.b_val"] = L.linear_backward(
-                bc["u"], p[f"branch{d}.w_val"], dval
-            )
+            w_gate, w_val = self.glu_weights(p, d)
+            du1, gw_gate, g[f"branch{d}.b_gate"] = L.linear_backward(bc["u"], w_gate, dpre)
+            du2, gw_val, g[f"branch{d}.b_val"] = L.linear_backward(bc["u"], w_val, dval)
+            base = self.base_width(d)
+            for w, gw in (("w_gate", gw_gate), ("w_val", gw_val)):
+                g[f"branch{d}.{w}"] = gw[:base]
+                if self.extra_width[d]:
+                    g[f"branch{d}.{w}_in"] = gw[base:]
             du = du1 + du2
             dz += du[:, :H2]
             col = H2

@@ -87,8 +87,9 @@ def out_home(net: Any, d: int) -> tuple[str, int]:
 def blocks(net: Any) -> dict[str, tuple[Shape, list[tuple[str, int | None, int]]]]:
     """The core's weight blocks on this path: ``{block: (shape, [(tensor, row, col), ...])}``.
     The first tensor is the block's home (top-left corner); ``row`` None places a matrix at
-    the top from column ``col``, an integer row places a vector (a bias: the block's last row,
-    met by the input's ones column)."""
+    the top from column ``col``, an integer row places a matrix from that row down (the rows
+    reading branch-input columns) or a vector (a bias: the block's last row, met by the input's
+    ones column)."""
     s, N = net.settings, net.num_atoms
     H, D = s.adv_h, len(net.sizes)
     wx, wz, wh = x_width(net), z_width(net), h_width(net)
@@ -102,9 +103,12 @@ def blocks(net: Any) -> dict[str, tuple[Shape, list[tuple[str, int | None, int]]
     for d in range(D):
         home, c = glu_home(net, d)
         r = glu_rows(net, d)
-        out.setdefault(home, ((r, glu_cols), []))[1].extend([
-            (f"branch{d}.w_gate", None, c), (f"branch{d}.w_val", None, c + H),
-            (f"branch{d}.b_gate", r - 1, c), (f"branch{d}.b_val", r - 1, c + H)])
+        members = [(f"branch{d}.w_gate", None, c), (f"branch{d}.w_val", None, c + H),
+                   (f"branch{d}.b_gate", r - 1, c), (f"branch{d}.b_val", r - 1, c + H)]
+        if net.extra_width[d]:  # the rows reading the branch-input columns, below the base rows
+            base = net.base_width(d)
+            members += [(f"branch{d}.w_gate_in", base, c), (f"branch{d}.w_val_in", base, c + H)]
+        out.setdefault(home, ((r, glu_cols), []))[1].extend(members)
         home, c = out_home(net, d)
         shape = (wh, hcol[-1] if joint(net) else hcol[d + 1] - hcol[d])
         out.setdefault(home, (shape, []))[1].extend([
@@ -140,9 +144,10 @@ def storage_shapes(net: Any) -> dict[str, Any]:
 def placed(blk: Array, name_row_col: tuple[str, int | None, int], like: Array) -> Array:
     """The part of ``blk`` where a tensor shaped like ``like`` lives."""
     _, row, col = name_row_col
-    if row is not None:
+    if row is not None and like.ndim == 1:
         return blk[row, col : col + like.shape[0]]
-    return blk[: like.shape[0], col : col + like.shape[1]]
+    r0 = row or 0
+    return blk[r0 : r0 + like.shape[0], col : col + like.shape[1]]
 
 
 def block_of(sub: Any, net: Any, home: str, xp: Any) -> Array:

@@ -21,7 +21,7 @@ MANIFEST = PluginManifest(
     position=7,
     hooks=("branch_inputs",),
     options=TlobInjectOptions,
-    parameters=(),  # the widened GLU rows are the core's (branch2/3.w_gate, w_val), see stage.py
+    parameters=(),  # the widened GLU rows are the core's (branch2/3.w_gate_in, w_val_in), see stage.py
     requires=Requires(plugins=(), core=">=0.1,<0.2"),
     starts_as_identity=True,
     description="Order and urgency branches read microstructure features (spread, depth, queue, trade "

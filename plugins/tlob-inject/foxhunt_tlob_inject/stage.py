@@ -5,11 +5,11 @@ Task 6: the order branch reads bid-ask spread, L1 depth imbalance and queue pres
 branch spread velocity, depth change rate and trade arrival rate). The indices come from
 :mod:`foxhunt_core.market.schema` by name, never typed as numbers (DESIGN.md, defect 9).
 
-The stages own no parameters: the core widens the branch's GLU weights ``w_gate`` and ``w_val``
-by one row per column (``width x adv_h`` each, in the core's tree), and because the stages set
-``zero_init_rows`` those rows start at zero, so at step 0 the network computes what it computes
-without the plugin. The rows' gradient ``u_col^T dpre`` is not zero there, so they learn from the
-first update.
+The stages own no parameters: the core widens the branch's GLU weights by one row per column,
+the tensors ``w_gate_in`` and ``w_val_in`` (``width x adv_h`` each, in the core's tree), and
+because the stages set ``zero_init_rows`` those rows start at zero, so at step 0 the network
+computes what it computes without the plugin. The rows' gradient ``u_col^T dpre`` is not zero
+there, so they learn from the first update.
 """
 
 from __future__ import annotations

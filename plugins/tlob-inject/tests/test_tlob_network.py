@@ -34,16 +34,13 @@ TINY_RUN = {
     "train": {"steps": 40, "batch_size": 32, "warmup_steps": 200, "stats_every": 20, "checkpoint_every": 1000,
               "target_sync_every": 50, "replay_capacity": 5000},
 }
-WIDENED = [f"branch{d}.{w}" for d in (2, 3) for w in ("w_gate", "w_val")]
+# the GLU rows that read the columns: tensors of the core's, one row per column
+WIDENED = [f"branch{d}.{w}_in" for d in (2, 3) for w in ("w_gate", "w_val")]
 
 
 def _stages(**opts):
     o = TlobInjectOptions(**opts)
     return stages_for(o.order_features, o.urgency_features)
-
-
-def _extra_rows(net: BranchingC51, d: int) -> slice:
-    return slice(net.in_width[d] - net.extra_width[d], net.in_width[d])
 
 
 def test_widened_rows_are_3072_at_adv_h_256_and_start_at_zero():
@@ -52,18 +49,12 @@ def test_widened_rows_are_3072_at_adv_h_256_and_start_at_zero():
     plain = BranchingC51(s).init_params(np.random.default_rng(0), np.float64)
     net = BranchingC51(s, branch_inputs=_stages())
     wide = net.init_params(np.random.default_rng(0), np.float64)
-    assert set(wide) == {"core"} and set(wide["core"]) == set(plain["core"])
-    n_plain = sum(v.size for v in plain["core"].values())
-    assert sum(v.size for v in wide["core"].values()) - n_plain == 3 * 2 * 256 * 2 == 3072
-    for k, v in plain["core"].items():
-        w = wide["core"][k]
-        if k in WIDENED:
-            d = int(k[6])
-            assert w.shape == (v.shape[0] + 3, 256)
-            assert np.array_equal(w[: v.shape[0]], v), k  # the other rows drawn as without the plugin
-            assert not w[_extra_rows(net, d)].any(), k
-        else:
-            assert np.array_equal(w, v), k
+    assert set(wide) == {"core"} and set(wide["core"]) == set(plain["core"]) | set(WIDENED)
+    assert sum(wide["core"][k].size for k in WIDENED) == 3 * 2 * 256 * 2 == 3072
+    for k in WIDENED:
+        assert wide["core"][k].shape == (3, 256) and not wide["core"][k].any(), k
+    for k, v in plain["core"].items():  # every other tensor drawn as without the plugin
+        assert np.array_equal(wide["core"][k], v), k
 
 
 def _agent(path: Path, seed: int) -> Agent:
@@ -84,7 +75,7 @@ def test_step_0_q_values_equal_stage_6s(seed):
     o6, o7 = a6.net.forward(a6.online, obs), a7.net.forward(a7.online, obs)
     assert np.array_equal(o6.probs, o7.probs)
     # ... and the columns do reach the branches once their rows move off zero
-    a7.online["core"]["branch2.w_val"][_extra_rows(a7.net, 2)] = 0.5
+    a7.online["core"]["branch2.w_val_in"][...] = 0.5
     assert not np.array_equal(a7.net.forward(a7.online, obs).probs, o6.probs)
 
 
@@ -118,16 +109,14 @@ def test_whole_network_gradient_reaches_the_widened_rows(seed):
 
     g0 = grads()  # at the zero start: the rows get a gradient, so they learn from the first update
     for k in WIDENED:
-        assert np.abs(g0["core"][k][_extra_rows(net, int(k[6]))]).min() > 0, k
+        assert np.abs(g0["core"][k]).min() > 0, k
     for k in WIDENED:  # off zero, so the columns also carry gradient into the rest of the network
-        rows = _extra_rows(net, int(k[6]))
-        params["core"][k][rows] = rng.normal(0, 0.5, params["core"][k][rows].shape)
+        params["core"][k][...] = rng.normal(0, 0.5, params["core"][k].shape)
     g = grads()
     assert set(g) == {"core"}
     assert check_tree_gradients(loss, params, g, rng, samples_per_tensor=8) == []
     for k in WIDENED:  # every widened row, not only samples
-        rows = np.arange(net.in_width[int(k[6])])[_extra_rows(net, int(k[6]))]
-        for r in rows:
+        for r in range(params["core"][k].shape[0]):
             for c in range(params["core"][k].shape[1]):
                 num = numeric_gradient(loss, params["core"][k], (r, c), 1e-6)
                 assert abs(num - g["core"][k][r, c]) <= 1e-8 + 1e-5 * abs(num), (k, r, c)
@@ -144,7 +133,7 @@ def test_training_moves_the_rows_and_the_checkpoint_round_trips(tmp_path):
     tr = Trainer(settings, f.registry.plugin_set(f.enabled), tmp_path / "a", options=f.option_models)
     tr.train()
     for k in WIDENED:
-        rows = tr.agent.online["core"][k][_extra_rows(tr.agent.net, int(k[6]))]
+        rows = tr.agent.online["core"][k]
         assert np.isfinite(rows).all() and np.abs(rows).max() > 0, f"{k}: widened rows not trained"
     ckpt = tmp_path / "a" / CHECKPOINT
     assert ckpt.exists()
@@ -205,3 +194,4 @@ def test_the_stage_7_agent_checks_the_manifest():
     agent = Agent(settings, f.registry.plugin_set(f.enabled), np, np.random.default_rng(0), options=f.option_models)
     assert "tlob_inject" not in agent.online  # no tensors of its own, as its manifest declares
     assert agent.net.in_width[2:] == [SMALL["shared_h2"] + 3] * 2
+    assert [agent.online["core"][k].shape for k in WIDENED] == [(3, SMALL["adv_h"])] * 4
