@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 from foxhunt_core.checkpoint import CheckpointError, flatten, load_checkpoint, unflatten
 from foxhunt_core.cli import app
 from foxhunt_core.config import RunSettings
+from foxhunt_core.hookspecs import hookimpl
 from foxhunt_core.manifest import ParamSpec, PluginManifest
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.trainer import CHECKPOINT, Trainer
-from foxhunt_core.hookspecs import hookimpl
 from foxhunt_core.warmstart import RECORD, branch_rows, transfer, warm_start
 from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
 

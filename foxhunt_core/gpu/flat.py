@@ -16,12 +16,12 @@ A tensor may be given a larger *storage* shape (``storage={owner: {name: (rows, 
 block itself is :attr:`FlatTree.storage` (also reachable from the tree as
 ``tree[owner].storage[name]``). Other tensors of the same owner may live in that block beside
 it (``Shared(name, col, row)``: a matrix from column ``col`` on, its first row at the block's
-row ``row`` (0 by default), or a vector in the block's row ``row``), so that tensors the GPU uses together form one matrix. The GPU network keeps, for
-example, each GLU's gate and value weights side by side in one [K, 2H] block with their biases
-in the block's last row (one GEMM for both, the bias through a ones column of the input), and
-the 153-column advantage weights in a 156-column block, so that cuBLAS runs their products on
-its aligned kernels. The padding stays zero as long as what is written into it is zero (the
-padded gradients are).
+row ``row`` (0 by default), or a vector in the block's row ``row``), so that tensors the GPU
+uses together form one matrix. The GPU network keeps, for example, each GLU's gate and value
+weights side by side in one [K, 2H] block with their biases in the block's last row (one GEMM
+for both, the bias through a ones column of the input), and the 153-column advantage weights in
+a 156-column block, so that cuBLAS runs their products on its aligned kernels. The padding stays
+zero as long as what is written into it is zero (the padded gradients are).
 
 Several trees of one layout can share one allocation at a constant stride (:meth:`FlatTree.stacked`),
 so that the same tensor of each is at a fixed distance from the first's: one strided-batched GEMM

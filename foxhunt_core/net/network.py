@@ -29,11 +29,10 @@ that read z and the direction Q.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import re
 
 import numpy as np
 
