@@ -119,6 +119,19 @@ class GateActivation(Protocol):
         """``(dpre, grads)`` where ``grads`` has the keys of ``params`` this branch touches."""
 
 
+def index_runs(indices: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """Maximal runs of consecutive ``indices`` as ``(src_start, src_stop, dst_start)``: the slice
+    copies that gather ``obs[:, indices]`` without an index array (which a captured CUDA graph
+    could not copy from the host)."""
+    runs: list[list[int]] = []
+    for j, i in enumerate(indices):
+        if runs and runs[-1][1] == i:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, i + 1, j])
+    return tuple((a, b, c) for a, b, c in runs)
+
+
 @runtime_checkable
 class BranchInputStage(Protocol):
     """Widens the input of some branches with extra columns computed from the observation.
@@ -126,6 +139,13 @@ class BranchInputStage(Protocol):
     An optional attribute ``zero_init_rows`` (read with ``getattr``, default false): when true, the
     core initialises the GLU weight rows that read this stage's columns at zero and draws the other
     rows as it would without the stage, so the network's function at init is the one without it.
+
+    An optional attribute ``observation_columns`` (a tuple of ``width`` indices into the
+    observation, default None): when given, the stage promises that ``forward`` returns exactly
+    those columns of the observation, owns no parameters and needs no cache. The GPU network then
+    copies the columns into its augmented z itself, beside the direction-Q columns, and the
+    branches keep their joint GLU blocks and fused kernels (the fast path); without it the
+    widened branches form inputs of their own.
     """
 
     name: str

@@ -58,6 +58,47 @@ class DirectionColumns(WideColumns):
     branches = (0, 3)
 
 
+class ObsColumns:
+    """Observation columns 3, 4 and 1 (two runs) for the magnitude and urgency branches, declared
+    as such (``observation_columns``): the fast path copies them into z."""
+
+    name = "obs_columns"
+    branches = (1, 3)
+    width = 3
+    observation_columns = (3, 4, 1)
+    zero_init_rows = False  # (rows drawn at random: the columns' paths are exercised at once)
+
+    def init_params(self, rng):
+        return {}
+
+    def forward(self, xp, params, obs):
+        return obs[:, [3, 4, 1]], None
+
+    def backward(self, xp, params, cache, dcols):
+        return {}
+
+
+class ObsColumnsOrder(ObsColumns):
+    """One observation column for the order branch (a second stage: z holds each branch's columns
+    after the previous branch's)."""
+
+    name = "obs_order"
+    branches = (2,)
+    width = 1
+    observation_columns = (0,)
+
+    def forward(self, xp, params, obs):
+        return obs[:, :1], None
+
+
+class ObsColumnsDirection(ObsColumns):
+    """Observation columns for the direction branch too (its GLU then reads past z's first H2
+    columns)."""
+
+    name = "obs_direction"
+    branches = (0, 2)
+
+
 @pytest.fixture(params=[False, True], ids=["cublas-then-glu", "glu-gemm"])
 def numpy_fused(request):
     """A maker of fused networks over the twins (:func:`fused_network`), TF32 off and on."""
@@ -73,6 +114,11 @@ def _net(stages: bool | str) -> BranchingC51:
     gate = TanhGateStage() if stages in (True, "gate") else None
     columns = [WideColumns()] if stages in (True, "columns") else []
     columns += [DirectionColumns()] if stages == "direction-columns" else []
+    columns += [ObsColumns(), ObsColumnsOrder()] if stages in ("obs-columns", "gate+obs-columns") else []
+    columns += [ObsColumnsDirection()] if stages == "obs-direction-columns" else []
+    columns += [ObsColumns(), WideColumns()] if stages == "obs+computed-columns" else []
+    if stages == "gate+obs-columns":
+        gate = TanhGateStage()
     return BranchingC51(s, gate=gate, branch_inputs=columns)
 
 
@@ -111,7 +157,9 @@ def test_storage_spec_pads_and_joins_the_weights():
     core = flat.tree["core"]
     w = Lay.block_of(core, net, "branch1.w_gate", np)
     assert w is flat.storage["core"]["branch1.w_gate"] and w is flat.storage["core"]["branch1.b_val"]
-    assert np.array_equal(w[:21, 12:], core["branch1.w_val"]) and np.array_equal(w[23, 12:], core["branch1.b_val"])
+    assert np.array_equal(w[:19, 12:], core["branch1.w_val"]) and np.array_equal(w[23, 12:], core["branch1.b_val"])
+    assert np.array_equal(w[19:21, 12:], core["branch1.w_val_in"])  # the rows reading the wide columns
+    assert spec["branch1.w_val_in"] == Shared("branch1.w_gate", 12, 19)
     assert not w[21:23].any()
     # Plain parameters: the same block, assembled.
     plain = {k: np.array(v) for k, v in core.items()}
@@ -141,7 +189,9 @@ def _assert_padding_zero(flat):
         key = (blk.__array_interface__["data"][0], blk.shape)  # the block, shared or not
         covered = blocks.setdefault(key, (blk, np.zeros(blk.shape, bool)))[1]
         slot = flat.slots["core"][name]
-        if slot.row is not None:
+        if slot.row is not None and len(slot.shape) == 2:  # a matrix from a row down (w_gate_in)
+            region = (slice(slot.row, slot.row + slot.shape[0]), slice(slot.col, slot.col + slot.shape[1]))
+        elif slot.row is not None:
             region = (slot.row, slice(slot.col, slot.col + slot.shape[0]))
         elif blk.ndim == 1:
             region = (slice(slot.col, slot.col + slot.shape[0]),)
@@ -155,8 +205,10 @@ def _assert_padding_zero(flat):
 
 @pytest.mark.parametrize("fill_sms", [1, 2], ids=["every-kernel-fills", "one-tile-too-few"])
 @pytest.mark.parametrize("padded", [True, False], ids=["padded-storage", "plain-storage"])
-@pytest.mark.parametrize("stages", [False, True, "gate", "columns", "direction-columns"],
-                         ids=["core", "gate+columns", "gate", "columns", "direction-columns"])
+@pytest.mark.parametrize("stages", [False, True, "gate", "columns", "direction-columns", "obs-columns",
+                                    "gate+obs-columns", "obs-direction-columns", "obs+computed-columns"],
+                         ids=["core", "gate+columns", "gate", "columns", "direction-columns", "obs-columns",
+                              "gate+obs-columns", "obs-direction-columns", "obs+computed-columns"])
 def test_fused_forward_and_backward_match_the_reference(numpy_fused, stages, padded, fill_sms):
     net = _net(stages)
     _check_against_the_reference(numpy_fused(net, fill_sms=fill_sms), net, padded)
@@ -307,16 +359,18 @@ def test_forward_carries_the_next_observations_along(numpy_fused):
 
 @pytest.mark.parametrize("fill_sms", [1, 2], ids=["every-kernel-fills", "one-tile-too-few"])
 @pytest.mark.parametrize("large", [False, True], ids=["stacked", "past-the-row-threshold"])
-def test_the_updates_three_forwards(numpy_fused, large, fill_sms):
+@pytest.mark.parametrize("stages", [False, "obs-columns"], ids=["core", "obs-columns"])
+def test_the_updates_three_forwards(numpy_fused, large, fill_sms, stages):
     """The update's three forwards — online on s (kept for backward), online on s' (E[Q] only),
     target on s' (probabilities only). Over parameter trees stacked in one allocation they run as
     strided-batched GEMMs; past the row threshold (set to zero here) the online forwards run as
     one and the target's apart, as the agent calls them then. Each gives what its own forward
     gives, and the backward of the first what the reference backward gives. A fused kernel takes a
     group of branches where its tiles cover ``fill_sms`` (a single branch's heads have one tile:
-    with two, their dueling forward runs apart)."""
+    with two, their dueling forward runs apart). Branch-input columns of the observation, in z,
+    keep all of it."""
     rng = np.random.default_rng(5)
-    net = _net(False)
+    net = _net(stages)
     tree = _flat_params(net, rng).tree
     other = _flat_params(net, rng).tree  # the target network: other values
     online, copy, target = FlatTree.stacked(3, {o: {k: v.shape for k, v in s.items()} for o, s in tree.items()},
@@ -424,3 +478,25 @@ def test_heads_carry_the_dueling_forward_only_where_the_kernel_takes_the_layout(
     (heads_fit, the twin of the kernel's DG_FITS) both decide; otherwise the dueling forward runs
     apart."""
     assert heads_fit(offsets, atoms).on is fused_ok
+
+
+def test_observation_columns_ride_in_z_and_keep_the_fast_path(numpy_fused):
+    """Stages that declare ``observation_columns``: their columns in the augmented z behind the
+    direction Q's (each branch's after the previous branch's), every branch reading z, the joint
+    blocks with each branch's w_gate_in / w_val_in where its columns are, and the fast path; one
+    stage without the declaration sends every stage back to inputs of their own."""
+    net = _net("obs-columns")
+    H2, n_dir = 16, net.sizes[0]
+    assert Lay.columns_in_z(net) and Lay.joint(net) and Lay.value_joined(net)
+    assert [Lay.z_extra_col(net, d) for d in (1, 2, 3)] == [H2 + n_dir, H2 + n_dir + 3, H2 + n_dir + 4]
+    assert Lay.z_width(net) == 28  # z 16, q_dir 3, magnitude's 3, order's 1, urgency's 3, ones 1: 27 -> 28
+    spec = Lay.storage_shapes(net)
+    assert spec["branch1.w_gate_in"].row == H2 + n_dir and spec["branch3.w_val_in"].row == H2 + n_dir + 4
+    fn = numpy_fused(net)
+    assert fn.plan.pairs and [s.path for s in fn.plan.stages if s.hook == "branch_inputs"] == ["fast", "fast"]
+    assert Lay.branch_groups(net) == [(0,), (1, 2, 3)]
+    mixed = _net("obs+computed-columns")
+    plan = numpy_fused(mixed).plan
+    assert not Lay.columns_in_z(mixed) and not plan.pairs
+    assert [s.path for s in plan.stages if s.hook == "branch_inputs"] == ["slow", "slow"]
+    assert "another branch-input stage computes its columns" in plan.stages[-2].why

@@ -101,14 +101,16 @@ class Backward:
         written_dh = not all(plan.glu_backward_at(B, len(gr)) for gr in groups)
         # every branch's GLU output gradient
         self.dh_all = xp.empty((B, D * H), dtype=xp.float32) if written_dh else None
-        self.dz = (xp.zeros if net.branch_inputs else xp.empty)((B, z.shape[1]), dtype=xp.float32)
+        self.in_z = Lay.columns_in_z(net)  # the branch-input columns in z: every branch reads z
+        own_inputs = bool(net.branch_inputs) and not self.in_z
+        self.dz = (xp.zeros if own_inputs else xp.empty)((B, z.shape[1]), dtype=xp.float32)
         # Whether z carries the direction-Q columns (the magnitude branch reads z): only the magnitude
         # branch's weights meet them, so every other weight gradient is zero over those rows. (The
         # weight gradients run beside the input gradients, on the side stream: see gpu/streams.py.)
-        self.use_zq = not net.extra_width[MAGNITUDE]
+        self.use_zq = Lay.z_input(net, MAGNITUDE)
         # d loss / d z's direction-Q columns
         self.dq_z = xp.empty((B, -(-n_dir // 4) * 4), dtype=xp.float32) if self.use_zq else None
-        self.dz_started = bool(net.branch_inputs)
+        self.dz_started = own_inputs
         self.use_wgrad_h = plan.wgrad_heads_at(B)
 
         # Every branch but direction first: the magnitude branch's input gradient reaches the
@@ -134,7 +136,7 @@ class Backward:
         dz = self.dz
         if plan.joint_dz:  # every group's [dv | dpv] and the value head's block: K = lead + D 2H
             fn.mm(self.pv_all, self.block("value.w")[:H2].T, out=dz[:, :H2], beta=1.0 if self.dz_started else 0.0)
-        for d, dxe in dxes.items():
+        for d, dxe in dxes.items() if not self.in_z else ():  # (columns in z are data: no gradient on)
             col = n_dir if d == MAGNITUDE else 0
             for i, st in enumerate(net.branch_inputs):
                 if d in st.branches:
@@ -192,6 +194,26 @@ class Backward:
             dh1 = K.relu_backward(fn.mm(dh2, p["trunk.w2"].T), c["h1"])
         fn.mm(c["x"].T, dh1, out=self.grad_block("trunk.w1"))  # weights and (ones column) bias
         fn.streams.join()  # the weight gradients above ran beside the input gradients
+
+    def extra_rows_mask(self, g: tuple[int, ...], with_v: int, cols: int) -> Array:
+        """Ones where a weight of group ``g``'s gradient block (``with_v`` value-head columns in
+        front, then each branch's ``[gate | value]``) reads a branch-input column of z and belongs
+        to a tensor (the branch's ``w_gate_in`` / ``w_val_in``), zeros elsewhere: z's branch-input
+        rows of the other weights are padding, and stay zero. Made once per group (device fills,
+        no host copy: it may be made inside a graph capture), kept by the network."""
+        key = (g, with_v, cols)
+        mask = self.fn.masks.get(key)
+        if mask is None:
+            net, H = self.net, self.H
+            r0 = self.H2 + self.n_dir
+            mask = self.xp.zeros((sum(net.extra_width), cols), dtype=self.xp.float32)
+            for i, d in enumerate(g):
+                if net.extra_width[d]:
+                    r = Lay.z_extra_col(net, d) - r0
+                    c = with_v + 2 * H * i
+                    mask[r : r + net.extra_width[d], c : c + 2 * H] = 1.0
+            self.fn.masks[key] = mask
+        return mask
 
     def group_backward(self, g: tuple[int, ...]) -> Array | None:
         """The gradients of branches ``g`` (one GLU group); returns the gradient of the extra
@@ -285,6 +307,9 @@ class Backward:
                              keep_cols=keep, config=plan.knobs.wgrad_gemm_config)
             else:
                 fn.mm(z.T if bu is None else bu.T, dy, out=gw)  # weights and (ones column) biases
+            if bu is None and self.in_z:  # the branch-input columns meet only their own branches' rows
+                r0 = H2 + n_dir
+                gw[r0 : r0 + sum(net.extra_width)] *= self.extra_rows_mask(g, with_v, gw.shape[1])
             if bu is None and self.use_zq and not plan.wgrad_gemm:
                 # The direction-Q columns of z meet only the magnitude branch's weights: the other
                 # branches' (and the value head's) gradients over those rows of the block are zero.

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...gpu.launch import HEAD_ALIGN, head_columns, padded
+from ...stages import index_runs
 from . import layout as Lay
 from .layout import DIRECTION, MAGNITUDE
 
@@ -79,7 +80,7 @@ class ForwardGroup:
         self.n_dir = net.sizes[DIRECTION]
         self.z_sup = net.support(self.xs[0])
         self.hcol = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)  # each branch's block of the advantage row
-        self.use_z = [not net.extra_width[d] for d in range(len(net.sizes))]  # the branch's input is the augmented z
+        self.use_z = [Lay.z_input(net, d) for d in range(len(net.sizes))]  # the branch's input is the augmented z
         self.kernel_wants = [tuple(x for x in w if x != HEADS) for w in self.wants]
         self.needs = [bool(w) for w in self.kernel_wants]  # (E[Q] comes with any of the kernel's outputs)
         self.blk: dict[str, Array] = {}
@@ -127,10 +128,13 @@ class ForwardGroup:
         self.v = v
 
         extra_cols, extra_caches = [], []
-        for st in net.branch_inputs:  # (single segments only: the plan pairs no forwards with them)
-            cols, c = st.forward(xp, self.params.get(st.name, {}), self.xs[0])
-            extra_cols.append(xp.ascontiguousarray(cols))
-            extra_caches.append(c)
+        if Lay.columns_in_z(net):  # the observation's columns into z, behind the direction Q's
+            self.columns_into_z(x)
+        else:
+            for st in net.branch_inputs:  # (single segments only: the plan pairs no forwards with them)
+                cols, c = st.forward(xp, self.params.get(st.name, {}), self.xs[0])
+                extra_cols.append(xp.ascontiguousarray(cols))
+                extra_caches.append(c)
 
         self.adv = xp.empty((R, self.hcol[-1]), dtype=xp.float32)
         A = net.num_actions
@@ -153,7 +157,8 @@ class ForwardGroup:
             pv = pv_all[:, lead + 2 * H * d0 : lead + 2 * H * d1]
             out_cols = pv_all[:, lead + 2 * H * d0 - with_v : lead + 2 * H * d1]
             h = h_all[:, Wh * d0 : Wh * d1]
-            no_tail = self.use_z[d0] and MAGNITUDE not in g  # K = H2, the biases in the epilogue (no K tail)
+            # K = H2, the biases in the epilogue (no K tail): z's first H2 columns are all it reads
+            no_tail = self.use_z[d0] and MAGNITUDE not in g and not any(net.extra_width[d] for d in g)
             tc = z_tf32 and self.use_z[d0]
             # the gate's fragment, branch g[i]'s parameters for the launch's block i (None: the sigmoid)
             launch = None if plan.gate_built_in or not plan.gate_fast else K.branch_launch(
@@ -317,6 +322,20 @@ class ForwardGroup:
         glu_gemm wrote them: rounded to TF32."""
         ins, wts, biases, outs = self.advantage_sets(g, h)
         self.K.linear_gemm(ins, wts, outs, bias=biases, rounded=self.H, config=self.plan.knobs.linear_gemm_config)
+
+    def columns_into_z(self, x: Array) -> None:
+        """Every branch's branch-input columns (:func:`.layout.columns_in_z`): the observation's
+        columns, from the packed input ``x``, into their columns of z; one slice copy per run of
+        consecutive indices (no index array: nothing is copied from the host in a captured graph)."""
+        net, z = self.net, self.z
+        for d in range(len(net.sizes)):
+            col = Lay.z_extra_col(net, d)
+            for st in net.branch_inputs:
+                if d not in st.branches:
+                    continue
+                for a, b, c in index_runs(tuple(st.observation_columns)):
+                    z[:, col + c : col + c + b - a] = x[:, a:b]
+                col += st.width
 
     def branch_input(self, d: int, extra_cols: list[Array], width: int) -> Array:
         """Branch ``d``'s augmented input ``[z, (q_dir / q_scale), extra columns, 0, ..., 0, 1]``

@@ -24,9 +24,29 @@ def x_width(net: Any) -> int:
     return padded(net.settings.state_dim + 1)
 
 
+def columns_in_z(net: Any) -> bool:
+    """Whether the branch-input columns ride in the augmented z (:func:`z_width`): there are some,
+    and every stage declares them columns of the observation (``observation_columns``), which the
+    forward copies into z; its branches' GLUs then read z like every other."""
+    return bool(net.branch_inputs) and all(getattr(st, "observation_columns", None) is not None
+                                           for st in net.branch_inputs)
+
+
+def z_input(net: Any, d: int) -> bool:
+    """Whether branch ``d``'s GLU input is the augmented z (no extra columns, or the columns in z)."""
+    return not net.extra_width[d] or columns_in_z(net)
+
+
 def z_width(net: Any) -> int:
-    """Width of the augmented ``z`` = ``[z, q_dir / q_scale, 0, ..., 0, 1]``."""
-    return padded(net.settings.shared_h2 + net.sizes[DIRECTION] + 1)
+    """Width of the augmented ``z`` = ``[z, q_dir / q_scale, extra columns, 0, ..., 0, 1]`` (the
+    branch-input columns where :func:`columns_in_z`, each branch's after the previous branch's)."""
+    extra = sum(net.extra_width) if columns_in_z(net) else 0
+    return padded(net.settings.shared_h2 + net.sizes[DIRECTION] + extra + 1)
+
+
+def z_extra_col(net: Any, d: int) -> int:
+    """First column of branch ``d``'s branch-input columns in the augmented z (:func:`columns_in_z`)."""
+    return net.settings.shared_h2 + net.sizes[DIRECTION] + sum(net.extra_width[:d])
 
 
 def h_width(net: Any) -> int:
@@ -37,15 +57,15 @@ def h_width(net: Any) -> int:
 def glu_rows(net: Any, d: int) -> int:
     """Rows of branch ``d``'s GLU block: the augmented z's width, or for a branch with extra input
     columns its own augmented input ``[z, (q_dir), extra columns, 0, ..., 0, 1]``."""
-    if not net.extra_width[d]:
+    if z_input(net, d):
         return z_width(net)
     return padded(net.in_width[d] + 1)
 
 
 def joint(net: Any) -> bool:
     """Whether every branch's GLU weights share one block, and every branch's advantage weights
-    another (no branch has extra input columns): one GEMM then serves several branches."""
-    return not any(net.extra_width)
+    another (every branch reads the augmented z): one GEMM then serves several branches."""
+    return all(z_input(net, d) for d in range(len(net.sizes)))
 
 
 def value_joined(net: Any) -> bool:
@@ -53,7 +73,7 @@ def value_joined(net: Any) -> bool:
     ``[W_gate | W_val]`` (the direction branch's input is the augmented z, as the value head's):
     one GEMM then computes the value head and the direction GLU's pre-activations, and the
     backward has one input-gradient and one weight-gradient GEMM for both."""
-    return not net.extra_width[DIRECTION]
+    return z_input(net, DIRECTION)
 
 
 def value_width(net: Any) -> int:
@@ -105,9 +125,9 @@ def blocks(net: Any) -> dict[str, tuple[Shape, list[tuple[str, int | None, int]]
         r = glu_rows(net, d)
         members = [(f"branch{d}.w_gate", None, c), (f"branch{d}.w_val", None, c + H),
                    (f"branch{d}.b_gate", r - 1, c), (f"branch{d}.b_val", r - 1, c + H)]
-        if net.extra_width[d]:  # the rows reading the branch-input columns, below the base rows
-            base = net.base_width(d)
-            members += [(f"branch{d}.w_gate_in", base, c), (f"branch{d}.w_val_in", base, c + H)]
+        if net.extra_width[d]:  # the rows reading the branch-input columns: where they are in the input
+            at = z_extra_col(net, d) if columns_in_z(net) else net.base_width(d)
+            members += [(f"branch{d}.w_gate_in", at, c), (f"branch{d}.w_val_in", at, c + H)]
         out.setdefault(home, ((r, glu_cols), []))[1].extend(members)
         home, c = out_home(net, d)
         shape = (wh, hcol[-1] if joint(net) else hcol[d + 1] - hcol[d])

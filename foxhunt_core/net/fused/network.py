@@ -36,6 +36,7 @@ class FusedNetwork:
         if xp is None:
             import cupy as xp
         self.K, self.blas, self.streams, self.xp = kernels, blas, streams, xp
+        self.masks: dict[tuple, Array] = {}  # the backward's constant masks (Backward.extra_rows_mask)
 
     def mm(self, a: Array, b: Array, out: Array | None = None, beta: float = 0.0, **kw: Any) -> Array:
         """``a @ b`` through the GEMMs' ``matmul`` (``bias`` and ``relu`` fused into the GEMM where

@@ -173,7 +173,7 @@ class Shapes:
     h_width: int
     joint: bool
     value_joined: bool
-    z_input: tuple[bool, ...]  # whether branch d's input is the augmented z (no extra columns)
+    z_input: tuple[bool, ...]  # whether branch d's input is the augmented z (no extra columns, or them in z)
     groups: tuple[tuple[int, ...], ...]
 
     @classmethod
@@ -182,7 +182,8 @@ class Shapes:
         cols = head_columns(net.offsets, net.num_atoms, HEAD_ALIGN)
         return cls(s.state_dim, s.shared_h1, s.shared_h2, s.adv_h, net.num_atoms, tuple(net.offsets),
                    tuple(b - a for a, b in zip(cols[:-1], cols[1:])), layout.z_width(net), layout.h_width(net),
-                   layout.joint(net), layout.value_joined(net), tuple(not w for w in net.extra_width),
+                   layout.joint(net), layout.value_joined(net),
+                   tuple(layout.z_input(net, d) for d in range(len(net.sizes))),
                    tuple(layout.branch_groups(net)))
 
 
@@ -253,12 +254,22 @@ class ExecutionPlan:
                                     "and several forwards no longer run as one (no stacking, no target forward "
                                     "beside the online ones), nor glu_gemm, the heads' dueling kernel or "
                                     "glu_backward_gemm"))
-        for st in net.branch_inputs:
+        in_z = layout.columns_in_z(net)
+        for st in net.branch_inputs if in_z else ():
+            stages.append(StagePlan("branch_inputs", st.name, "fast",
+                                    f"its columns (observation columns {list(st.observation_columns)}) copied "
+                                    f"into the augmented z behind the direction Q's, read by branches "
+                                    f"{list(st.branches)} through their rows of the joint GLU blocks"))
+        for st in net.branch_inputs if not in_z else ():
+            why = (" (the stage declares no observation_columns: its columns are computed)"
+                   if getattr(st, "observation_columns", None) is None else
+                   " (another branch-input stage computes its columns: the fast path needs every stage "
+                   "to declare observation_columns)")
             stages.append(StagePlan("branch_inputs", st.name, "slow",
                                     f"its columns are not appended to the augmented z: branches {list(st.branches)} "
                                     "form inputs of their own (their GLUs and weight gradients through cuBLAS), "
                                     "the GLU weights lose their joint blocks, and several forwards no longer run "
-                                    "as one"))
+                                    "as one" + why))
         for hook, name in q_stages:
             stages.append(StagePlan(hook, name, "own", "its own forward (and backward) on the device, in the "
                                     "captured graph"))
@@ -266,10 +277,11 @@ class ExecutionPlan:
         terms_fit = Decision(terms <= L.gate_terms, f"the gate's {terms} parameter-gradient terms per unit "
                              + ("within" if terms <= L.gate_terms else "more than")
                              + f" glu_backward_gemm's {L.gate_terms}")
-        columns = not net.branch_inputs
+        columns = not net.branch_inputs or in_z
         pairs = (Decision(False, gate.why) if not gate else Decision(False, "branch-input columns (their stages "
                  "keep caches of their own rows)") if not columns else Decision(True, "the built-in gate and no "
-                                                                                 "branch-input columns"))
+                 "branch-input columns" if not net.branch_inputs else "the built-in gate and the branch-input "
+                 "columns in z"))
         tc = cls._tensor_cores(device, tf32)
         glu_tile = Decision(H % L.glu_cols == 0, f"adv_h {H} " + ("is" if H % L.glu_cols == 0 else "is not")
                             + f" a multiple of the {L.glu_cols}-column tile")

@@ -20,21 +20,14 @@ from typing import Any
 import numpy as np
 
 from foxhunt_core.market import schema
+from foxhunt_core.stages import index_runs
 
 Array = Any
 NAME = "tlob_inject"
 ORDER, URGENCY = 2, 3  # branch indices of foxhunt_core.net (direction, magnitude, order, urgency)
 
 
-def runs_of(indices: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
-    """Maximal runs of consecutive source indices, as ``(src_start, src_stop, dst_start)``."""
-    runs: list[list[int]] = []
-    for j, i in enumerate(indices):
-        if runs and runs[-1][1] == i:
-            runs[-1][1] += 1
-        else:
-            runs.append([i, i + 1, j])
-    return tuple((a, b, c) for a, b, c in runs)
+runs_of = index_runs  # maximal runs of consecutive source indices, (src_start, src_stop, dst_start)
 
 
 def gather_columns(xp: Any, obs: Array, runs: tuple[tuple[int, int, int], ...], width: int,
@@ -67,6 +60,12 @@ class FeatureColumns:
     @property
     def branches(self) -> tuple[int, ...]:
         return (self.branch,)
+
+    @property
+    def observation_columns(self) -> tuple[int, ...]:
+        """The columns are the observation's, as they are: the GPU network copies them into its
+        augmented z (the fast path of ``foxhunt_core.stages.BranchInputStage``)."""
+        return self.indices
 
     @property
     def width(self) -> int:
