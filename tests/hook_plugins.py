@@ -99,6 +99,25 @@ class OfiColumnStage:
         return {"w": (dcols * cache).sum(axis=0)}
 
 
+class ZeroRows:
+    """Two columns of the observation for ``branches``, read by rows that start at zero."""
+
+    width = 2
+    zero_init_rows = True
+
+    def __init__(self, branches: tuple[int, ...], name: str = "zero_rows", width: int = 2) -> None:
+        self.branches, self.name, self.width = tuple(branches), name, width
+
+    def init_params(self, rng):
+        return {}
+
+    def forward(self, xp, params, obs):
+        return obs[:, : self.width], None
+
+    def backward(self, xp, params, cache, dcols):
+        return {}
+
+
 class OfiColumnPlugin:
     POSITION = 7
 

@@ -16,22 +16,7 @@ from foxhunt_core.manifest import ParamSpec, PluginManifest
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
 from foxhunt_core.trainer import CHECKPOINT, Trainer
 from foxhunt_core.warmstart import RECORD, branch_rows, transfer, warm_start
-from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin
-
-
-class TwoColumnsStage:
-    """Two observation columns for the order branch, read by rows that start at zero."""
-
-    name, branches, width, zero_init_rows = "two_columns", (2,), 2, True
-
-    def init_params(self, rng):
-        return {}
-
-    def forward(self, xp, params, obs):
-        return obs[:, :2], None
-
-    def backward(self, xp, params, cache, dcols):
-        return {}
+from hook_plugins import AffinePostPlugin, CenterPlugin, OfiColumnPlugin, TanhGatePlugin, ZeroRows
 
 
 class TwoColumnsPlugin:
@@ -39,7 +24,7 @@ class TwoColumnsPlugin:
 
     @hookimpl
     def branch_inputs(self, ctx):
-        return TwoColumnsStage()
+        return ZeroRows((2,), name="two_columns")  # two observation columns for the order branch
 
 
 class NoOptions(BaseModel):

@@ -3,8 +3,6 @@ hook that answers with a tuple of stages."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from foxhunt_core.agent import build_stages
@@ -12,28 +10,9 @@ from foxhunt_core.config import NetSettings, RunSettings
 from foxhunt_core.hookspecs import hookimpl
 from foxhunt_core.net import BranchingC51
 from foxhunt_core.plugins import LoadedPlugin, PluginSet
-from hook_plugins import OfiColumnStage
+from hook_plugins import OfiColumnStage, ZeroRows
 
 NET = NetSettings(shared_h1=12, shared_h2=10, adv_h=8, num_atoms=7, v_min=-2.0, v_max=2.0)
-
-
-@dataclass(frozen=True)
-class ZeroRows:
-    """Two columns of the observation for ``branches``, read by rows that start at zero."""
-
-    branches: tuple[int, ...]
-    name: str = "zero_rows"
-    width: int = 2
-    zero_init_rows: bool = True
-
-    def init_params(self, rng):
-        return {}
-
-    def forward(self, xp, params, obs):
-        return obs[:, :2], None
-
-    def backward(self, xp, params, cache, dcols):
-        return {}
 
 
 def test_rows_are_drawn_unless_the_stage_asks_for_zero_rows():
