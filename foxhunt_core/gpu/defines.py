@@ -98,10 +98,11 @@ def _entries() -> list[tuple[str, list[Define]]]:
             Define("GB_BH", gb_bh, "GLU columns per tile: the wgmma's N"),
             Define("GB_SETS", 3, "branches per launch, at most"),
             Define("GB_PARTS", gb_bh // 32, "the staging buffer's parts: a gate box and its value box"),
-            Define("GB_THREADS", tc_threads + 64, "+ a warp that loads pv and one that stores its gradient"),
+            Define("GB_THREADS", tc_threads - 32 + 128, "the consumers and a whole warpgroup of loaders and a storer "
+                                                        "(setmaxnreg works per warpgroup)"),
             Define("GB_NQ_MAX", 4, "dq's columns, at most"),
             Define("GB_GATE_TERMS_MAX", 9, "a gate's parameter-gradient terms per unit, at most (kan_gate's 8 "
-                                           "bases and residual: the consumers' sums then fit their registers)"),
+                                           "bases and residual: the consumers' sums then fit their 232 registers)"),
             Define("GB_STAGES", 3, "shared-memory stages of the ring (variant)"),
             Define("GB_NQ", 0, "dq's columns (0: no dq; variant)"),
             Define("GB_TAIL_STEPS", 4, "k steps of 8 in the last chunk (variant)"),

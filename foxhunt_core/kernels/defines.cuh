@@ -152,13 +152,13 @@
 #define GB_PARTS 4  // the staging buffer's parts: a gate box and its value box
 #endif
 #ifndef GB_THREADS
-#define GB_THREADS 352  // + a warp that loads pv and one that stores its gradient
+#define GB_THREADS 384  // the consumers and a whole warpgroup of loaders and a storer (setmaxnreg works per warpgroup)
 #endif
 #ifndef GB_NQ_MAX
 #define GB_NQ_MAX 4  // dq's columns, at most
 #endif
 #ifndef GB_GATE_TERMS_MAX
-#define GB_GATE_TERMS_MAX 9  // a gate's parameter-gradient terms per unit, at most (kan_gate's 8 bases and residual: the consumers' sums then fit their registers)
+#define GB_GATE_TERMS_MAX 9  // a gate's parameter-gradient terms per unit, at most (kan_gate's 8 bases and residual: the consumers' sums then fit their 232 registers)
 #endif
 #ifndef GB_STAGES
 #define GB_STAGES 3  // shared-memory stages of the ring (variant)

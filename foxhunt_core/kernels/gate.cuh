@@ -14,6 +14,11 @@
 //                            d gate = dh v; the gate at x in *gate; and the element's terms of the
 //                            unit's parameter gradients in terms[0 .. GATE_TERMS - 1]: array 0's
 //                            GATE_UNIT0 floats, then array 1's (terms must be 0 where dh is 0)
+// and may define
+//   GATE_LONG 1              its per-element code is long (kan_gate's spline): the GEMM epilogues,
+//                            which inline it once per accumulator element, then loop over their
+//                            parts of a tile instead of unrolling them, to stay within the
+//                            instruction cache (default 0)
 // The kernels sum the terms over the batch themselves (per tile in registers and shuffles, the
 // tiles' sums in a fixed order: no atomics, the same bits on every run).
 #pragma once
@@ -38,6 +43,9 @@ struct __align__(8) GateArgs {
 
 #include GATE_HEADER
 
+#ifndef GATE_LONG
+#define GATE_LONG 0
+#endif
 #define GATE_TERMS (GATE_UNIT0 + GATE_UNIT1)
 // The launch's parameter arrays as the fragment reads them (the wrapper's GATE_EXPECT_UNIT*: the
 // fragment's Python description).

@@ -53,13 +53,14 @@
 #include "tc_gemm.cuh"
 
 // GB_BH (GLU columns per tile: the wgmma's N), GB_SETS (branches per launch), GB_PARTS (the
-// staging buffer's parts: a gate box and its value box), GB_THREADS (+ a warp that loads pv and one
-// that stores its gradient), GB_NQ_MAX, and the variant settings GB_STAGES, GB_NQ (dq's columns, 0:
+// staging buffer's parts: a gate box and its value box), GB_THREADS (the consumers and a whole
+// warpgroup: the ring's loader, pv's loader, its storer and an idle warp; setmaxnreg works per
+// warpgroup), GB_NQ_MAX, and the variant settings GB_STAGES, GB_NQ (dq's columns, 0:
 // no dq), GB_TAIL_STEPS: defines.cuh
 #define GB_STAGE (TC_TILE_A + GB_BH * TC_BK * 4) // 16 KiB of dadv and 16 KiB of Wo per stage
 #define GB_BOX (TC_BM * 128)                     // 16 KiB: 32 columns x 128 rows
 #define GB_TILE_PV (2 * GB_PARTS * GB_BOX)       // 128 KiB (+ 3 stages: 224 KiB of the 227 a block may have)
-static_assert(GB_PARTS == GB_BH / 32 && GB_THREADS == TC_THREADS + 64, "glu_backward_gemm's parts and warps");
+static_assert(GB_PARTS == GB_BH / 32 && GB_THREADS == TC_THREADS - 32 + 128, "glu_backward_gemm's parts and warps");
 static_assert(GB_NQ >= 0 && GB_NQ <= GB_NQ_MAX, "dq takes up to GB_NQ_MAX columns");
 static_assert(GATE_TERMS <= GB_GATE_TERMS_MAX, "the gate's parameter-gradient sums take up to GB_GATE_TERMS_MAX terms");
 static_assert(GB_STAGES >= 3, "consume_tile awaits the next stage before it releases the previous one");
@@ -93,6 +94,20 @@ __device__ __forceinline__ void gate_terms_scatter(const float (&pt)[4][GATE_TER
 // The column of each part whose sums lane g of quad q owns (gate_terms_scatter).
 __device__ __forceinline__ int gate_own_column(int g, int q) {
     return 8 * (2 * (g & 1) + ((g >> 2) & 1)) + 2 * q + ((g >> 1) & 1);
+}
+#endif
+
+#if GATE_LONG
+// a[i] = a[(i + S) % N], in registers (every index a constant).
+template <int N, int S>
+__device__ __forceinline__ void rotate_down(float* a) {
+    float first[S];
+#pragma unroll
+    for (int i = 0; i < S; ++i) first[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N - S; ++i) a[i] = a[i + S];
+#pragma unroll
+    for (int i = 0; i < S; ++i) a[N - S + i] = first[i];
 }
 #endif
 
@@ -130,9 +145,14 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
     ring_init(ring, 1, tid);  // (its fence and barrier cover the inits above)
 
     if (warp >= TC_CONSUMER_WARPS) {
-        // Three warps, a lane each: dadv's and Wo's chunks into the ring; each tile's gate and value
-        // pre-activations into the staging buffer, part by part as the previous tile's gradients
-        // have left it (a fresh barrier passes parity 1); those gradients out by TMA stores.
+        // The producer warpgroup gives its registers up to the consumers (40 each; the consumers
+        // take 232: the 384 threads' 168 each as launched, 64512 of the SM's 65536 in all): with a
+        // gate of parameters the epilogue keeps its terms' sums beside the accumulators, which
+        // spilled at 168. Three of its warps work, a lane each (the fourth idles): dadv's and Wo's
+        // chunks into the ring; each tile's gate and value pre-activations into the staging
+        // buffer, part by part as the previous tile's gradients have left it (a fresh barrier
+        // passes parity 1); those gradients out by TMA stores.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (lane == 0) {
             unsigned phase = 0;
             for (int p = sched.cluster; p < sched.groups; p += sched.clusters, phase ^= 1) {
@@ -152,7 +172,7 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                         tma_load(stg + (x + GB_PARTS) * GB_BOX, &args.pv, full + 8 * x,
                                  part_col(x + GB_PARTS, b, j0, H), m0);
                     }
-                } else {
+                } else if (warp == TC_CONSUMER_WARPS + 2) {
                     for (int x = 0; x < GB_PARTS; ++x) {
                         mbar_wait(ready + 8 * x, phase);
                         tma_store(&args.pv, stg + x * GB_BOX, part_col(x, b, j0, H), m0);
@@ -171,6 +191,7 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
     }
 
     // The consumers.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int wg = warp >> 2;  // this warpgroup's 64 rows of the tile
     const int g = lane >> 2, q = lane & 3;
     unsigned phase = 0;
@@ -221,8 +242,17 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
         // e >= 2), GLU column 8 j + 2 q (+ 1 for odd e) of the tile, in part j / 4; its gate and
         // value wait in that part's boxes (staged_at), where their gradients go.
         const int r0 = wg * 64 + (warp & 3) * 16 + g;
+        // With a long gate (GATE_LONG, gate.cuh) the loop over the parts stays a loop: the part's
+        // accumulators and sums are rotated into acc[0 ..] and own[0] instead (xs, a constant), so
+        // that the kernel's code holds one part's epilogue, not four (kan_gate's four unrolled
+        // took 170 KiB and the warps waited on instruction fetches for 42 % of their time).
+#if GATE_LONG
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
         for (int x = 0; x < GB_PARTS; ++x) {
+            const int xs = GATE_LONG ? 0 : x;  // the part's place in acc (4 xs + jj) and own
             mbar_wait(full + 8 * x, phase);
             const unsigned gates = stg + x * GB_BOX, values = stg + (x + GB_PARTS) * GB_BOX;
 #if GB_NQ > 0
@@ -233,7 +263,7 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
 #endif
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-                const int j = 4 * x + jj, col = 8 * jj + 2 * q;  // (col within the part's boxes)
+                const int j = 4 * xs + jj, col = 8 * jj + 2 * q;  // (col within the part's boxes)
 #if GATE_TERMS > 0
                 if (jj % 2 == 0)
 #pragma unroll
@@ -268,7 +298,7 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
 #endif
                 }
 #if GATE_TERMS > 0
-                if (jj % 2 == 1) gate_terms_scatter(pt, own[x], g, jj / 2);
+                if (jj % 2 == 1) gate_terms_scatter(pt, own[xs], g, jj / 2);
 #endif
             }
             // The part's gradients visible to the TMA unit, then the warp's arrival for the storer.
@@ -282,11 +312,11 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
             if (with_q)
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj) {
-                    const int j = 4 * x + jj;
-                    float w[4 * GB_NQ];  // Wq's weights at this thread's two GLU columns of step j, from lane (j / 2, q)
+                    const int j = 4 * xs + jj, step = 4 * x + jj;
+                    float w[4 * GB_NQ];  // Wq's weights at this thread's two GLU columns of the step, from lane (step / 2, q)
 #pragma unroll
                     for (int k = 0; k < 4 * GB_NQ; ++k)
-                        w[k] = __shfl_sync(0xffffffffu, wl[4 * GB_NQ * (j % 2) + k], 4 * (j / 2) + q);
+                        w[k] = __shfl_sync(0xffffffffu, wl[4 * GB_NQ * (step % 2) + k], 4 * (step / 2) + q);
 #pragma unroll
                     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -294,6 +324,14 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                             dqs[half][i] += acc[4 * j + 2 * half] * w[4 * i] + acc[4 * j + 2 * half + 1] * w[4 * i + 1]
                                             + dvk[jj][half][0] * w[4 * i + 2] + dvk[jj][half][1] * w[4 * i + 3];
                 }
+#endif
+#if GATE_LONG
+            // the next part's accumulators into acc[0 .. 15], its sums into own[0] (four turns:
+            // both as they were, for the next tile)
+            rotate_down<GB_BH / 2, 16>(acc);
+#if GATE_TERMS > 0
+            rotate_down<GB_PARTS * GATE_TERMS, GATE_TERMS>(&own[0][0]);
+#endif
 #endif
         }
 #if GB_NQ > 0

@@ -8,28 +8,40 @@
 
 #define GATE_UNIT0 KG_NUM_BASES
 #define GATE_UNIT1 1
+#define GATE_LONG 1  // (about 110 instructions an element: the epilogues keep one part's copy)
 
-__device__ __forceinline__ float gate_value(float x, const GateUnit& u) { return kan_gate_value(x, u.p0, *u.p1); }
+__device__ __forceinline__ float gate_value(float x, const GateUnit& u) {
+    const KanPoint p = kan_locate(x);
+    float w[4];
+    kan_window(u.p0, p.span, w);
+    return kan_clamp01(kan_raw_window(x, w, __ldg(u.p1), p));
+}
 
 __device__ __forceinline__ float gate_backward(float x, const GateUnit& u, float dh, float v, float* gate,
                                                float* terms) {
-    const float r = *u.p1;
+    const float r = __ldg(u.p1);
     const KanPoint p = kan_locate(x);
-    const float raw = kan_raw(x, u.p0, r, p);
+    float w[4];
+    kan_window(u.p0, p.span, w);
+    const float raw = kan_raw_window(x, w, r, p);
     *gate = kan_clamp01(raw);
     const float md = (raw > 0.0f && raw < 1.0f) ? dh * v : 0.0f;  // d loss / d gate through the clamp
     float slope = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) slope += u.p0[p.span + j] * p.s[j];
-    // md B_k at k = span .. span + 3 (kan_accumulate's terms, here as one predicated block per span,
-    // lighter for the GEMM epilogue that inlines this per element), then md x for the residual
+    for (int j = 0; j < 4; ++j) slope += w[j] * p.s[j];
+    // md B_k for every k: the four nonzero values shifted to span .. span + 3 in binary steps
+    // (by 1, 2, 4, ... where span has the bit), a layer of selects each. Every index is a
+    // compile-time constant, so terms stays in registers: stores into terms[span + j] put the
+    // array in local memory (most of the kernel's time), and a chain of selects per basis took
+    // ptxas a minute to schedule.
 #pragma unroll
-    for (int k = 0; k < KG_NUM_BASES; ++k) terms[k] = 0.0f;
+    for (int k = 0; k < KG_NUM_BASES; ++k) terms[k] = k < 4 ? md * p.b[k] : 0.0f;
 #pragma unroll
-    for (int s = 0; s < KG_INTERVALS; ++s)
-        if (p.span == s)
+    for (int step = 1; step < KG_INTERVALS; step *= 2) {
+        const bool on = (p.span & step) != 0;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) terms[s + j] = md * p.b[j];
+        for (int k = KG_NUM_BASES - 1; k >= 0; --k) terms[k] = on ? (k >= step ? terms[k - step] : 0.0f) : terms[k];
+    }
     terms[KG_NUM_BASES] = md * x;
     return md * (slope + r);
 }

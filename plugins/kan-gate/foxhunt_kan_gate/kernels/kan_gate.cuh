@@ -64,6 +64,25 @@ __device__ __forceinline__ float kan_raw(float x, const float* c, float r, const
     return raw;
 }
 
+// The unit's four coefficients c[span .. span + 3] that x's point needs, as the GEMM epilogues
+// read them: through the read-only data path (the coefficients do not change during a kernel).
+// Reading the unit's KG_NUM_BASES coefficients as whole float4s (addresses independent of x) and
+// picking the window by selects was slower in both GLU kernels (benchmarks/bench_gate_epilogue.py,
+// 2026-12-02: glu_gemm 1.75x the sigmoid's time against 1.40x, glu_backward_gemm 5.7x against 5.1x
+// at 65536 rows): more live registers, for loads that hit L1 either way.
+__device__ __forceinline__ void kan_window(const float* c, int span, float (&w)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = __ldg(c + span + j);
+}
+
+// kan_raw with the window of kan_window: the same sum in the same order.
+__device__ __forceinline__ float kan_raw_window(float x, const float (&w)[4], float r, const KanPoint& p) {
+    float raw = r * x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) raw += w[j] * p.b[j];
+    return raw;
+}
+
 // clamp(raw, 0, 1) that lets NaN through (fminf/fmaxf would turn it into 0 or 1)
 __device__ __forceinline__ float kan_clamp01(float raw) {
     return raw < 0.0f ? 0.0f : (raw > 1.0f ? 1.0f : raw);

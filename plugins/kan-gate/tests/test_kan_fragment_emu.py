@@ -1,0 +1,100 @@
+"""kan_gate's fragment (``kernels/kan_fragment.cuh``) element by element on the CPU, through
+foxhunt_core.testing.cuda_emu, against the spline's dense NumPy oracle: the gate, d loss / d pre
+and every parameter-gradient term (the per-element terms that glu_backward_gemm sums), on inputs
+in every knot interval, on the knots, at the grid's ends and outside it.
+
+Grids of 4 to 12 bases (the terms' shift to the span in one to three steps). The GPU runs the
+same source inside the GEMM epilogues (test_kan_gate_gpu.py compares those with the twin).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from foxhunt_kan_gate.cuda import defines
+from foxhunt_kan_gate.spline import Grid, basis_matrix, basis_slope_matrix
+
+from foxhunt_core.testing import cuda_emu
+
+KERNELS = Path(__file__).resolve().parents[1] / "foxhunt_kan_gate" / "kernels"
+CORE_KERNELS = Path(cuda_emu.__file__).resolve().parents[1] / "kernels"
+pytestmark = pytest.mark.skipif(cuda_emu.compiler() is None, reason="no host C++ compiler")
+
+
+def _probe(tmp: Path) -> Path:
+    cu = tmp / "kan_fragment_probe.cu"
+    cu.write_text(f"""#define __grid_constant__
+static inline int min(int a, int b) {{ return a < b ? a : b; }}  // (CUDA's)
+static inline int max(int a, int b) {{ return a > b ? a : b; }}
+#define GATE_HEADER "{KERNELS / 'kan_fragment.cuh'}"
+#include "{CORE_KERNELS / 'gate.cuh'}"
+// Element i of unit i % units: its gate (forward and backward), d loss / d pre and terms.
+extern "C" __global__ void probe(const float* x, const float* dh, const float* v, const float* coeff,
+                                 const float* residual, int n, int units, float* gate_f, float* gate_b,
+                                 float* dpre, float* terms) {{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    GateUnit u;
+    u.p0 = coeff + (long long)(i % units) * GATE_UNIT0;
+    u.p1 = residual + i % units;
+    gate_f[i] = gate_value(x[i], u);
+    float g, t[GATE_TERMS];
+    dpre[i] = gate_backward(x[i], u, dh[i], v[i], &g, t);
+    gate_b[i] = g;
+    for (int k = 0; k < GATE_TERMS; ++k) terms[(long long)i * GATE_TERMS + k] = t[k];
+}}
+""")
+    return cu
+
+
+def _inputs(grid: Grid, rng: np.random.Generator) -> np.ndarray:
+    """Every knot, the ends, points just inside and outside them, and random points in and past the grid."""
+    knots = grid.lo + grid.step * np.arange(grid.intervals + 1)
+    eps = 1e-3 * grid.step
+    special = np.concatenate([knots, knots + eps, knots - eps, [grid.lo - 1.0, grid.hi + 1.0, grid.lo - 50.0]])
+    spread = rng.uniform(grid.lo - 2.0, grid.hi + 2.0, size=400)
+    return np.concatenate([special, spread]).astype(np.float32)
+
+
+@pytest.mark.parametrize("grid", [Grid(), Grid(-2.5, 3.0, 12), Grid(-3.3, 0.5, 7), Grid(-4.0, 4.0, 4)],
+                         ids=lambda g: f"{g.num_bases}bases")
+def test_fragment_matches_the_oracle_per_element(tmp_path, grid):
+    rng = np.random.default_rng()
+    x = _inputs(grid, rng)
+    n, units, nb = x.size, 7, grid.num_bases
+    # coefficients that put raw inside (0, 1) for some inputs and clamp others
+    coeff = rng.uniform(-0.3, 1.3, size=(units, nb)).astype(np.float32)
+    residual = rng.uniform(-0.2, 0.2, size=units).astype(np.float32)
+    dh = rng.normal(size=n).astype(np.float32)
+    v = rng.normal(size=n).astype(np.float32)
+    T = nb + 1
+    bufs = {"x": x, "dh": dh, "v": v, "coeff": coeff, "residual": residual,
+            **{k: np.full(n, np.nan, np.float32) for k in ("gate_f", "gate_b", "dpre")},
+            "terms": np.full(n * T, np.nan, np.float32)}
+    defs = {k: v for k, v in defines(grid).items() if k.startswith("KG_")}
+    L = cuda_emu.Launch
+    res = cuda_emu.run(_probe(tmp_path), bufs, [
+        L("probe", -(-n // 64), 64, ["x", "dh", "v", "coeff", "residual", np.int32(n), np.int32(units),
+                                     "gate_f", "gate_b", "dpre", "terms"])], defines=defs)
+
+    x64 = x.astype(np.float64)
+    c = coeff.astype(np.float64)[np.arange(n) % units]
+    r = residual.astype(np.float64)[np.arange(n) % units]
+    B, S = basis_matrix(np, x64, grid), basis_slope_matrix(np, x64, grid)
+    raw = (B * c).sum(axis=1) + r * x64
+    gate = np.clip(raw, 0.0, 1.0)
+    md = np.where((raw > 0.0) & (raw < 1.0), dh.astype(np.float64) * v, 0.0)
+    dpre = md * ((S * c).sum(axis=1) + r)
+    terms = np.concatenate([md[:, None] * B, (md * x64)[:, None]], axis=1)
+
+    np.testing.assert_allclose(res["gate_f"], gate, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res["gate_b"], gate, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res["dpre"], dpre, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(res["terms"].reshape(n, T), terms, rtol=1e-4, atol=1e-6)
+    # the terms of a basis outside the element's four are exactly 0 (not merely small)
+    far = B == 0.0
+    assert np.all(res["terms"].reshape(n, T)[:, :nb][far] == 0.0)
+    # the clamp's both sides and the interior were all exercised
+    assert (raw <= 0.0).any() and (raw >= 1.0).any() and ((raw > 0.0) & (raw < 1.0)).sum() > 50
