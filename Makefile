@@ -13,6 +13,8 @@ FLAGS  ?= flags/stage-00-baseline.yaml
 OUT    ?= runs/stage-00-seed-$(SEED)
 STEPS  ?=
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist); 0 runs the suite in this process.
+TEST_WORKERS ?= 2
 # Small GEMMs on two cores run best single-threaded; set it in the environment to override.
 OPENBLAS_NUM_THREADS ?= 1
 export OPENBLAS_NUM_THREADS
@@ -31,7 +33,7 @@ run: $(VENV)/.installed
 	$(BIN)/foxhunt train --flags $(FLAGS) --out $(OUT) --seed $(SEED) --device $(DEVICE) --overwrite $(if $(STEPS),--steps $(STEPS))
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
