@@ -164,14 +164,18 @@ def test_glu_gemm_compiles_for_each_cluster_size_k_tail_and_ring(cluster: int, t
 
 
 @needs_nvcc
-@pytest.mark.parametrize("stages", [3, 4])
-def test_wgrad_gemm_compiles_unserialized_without_spills(stages: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stages", [3, 4, "4 wide"])
+def test_wgrad_gemm_compiles_unserialized_without_spills(stages: int | str, tmp_path: Path) -> None:
     """wgrad_gemm.cu (wgrad_gemm, wgrad_gemm_tx, wgrad_reduce): the wgmma's A comes from registers,
-    two sets of fragments live at once beside the 132 accumulators (the consumers take 232 registers
-    by setmaxnreg): ptxas must neither serialize the products for want of registers (C7512) or
-    otherwise (C7520) nor spill."""
-    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu", {"WG_STAGES": str(stages)}, tmp_path,
-                    cubin=True)
+    two sets of fragments live at once beside the 132 accumulators (136 in the wide variant; the
+    consumers take 232 registers by setmaxnreg): ptxas must neither serialize the products for want
+    of registers (C7512) or otherwise (C7520) nor spill."""
+    from foxhunt_core.gpu.tc.wgrad import WIDE
+
+    defines = {"WG_STAGES": str(stages).split()[0]}
+    if str(stages).endswith("wide"):
+        defines.update({k: str(v) for k, v in WIDE.defines})
+    msgs = _compile(ROOT / "foxhunt_core" / "kernels" / "wgrad_gemm.cu", defines, tmp_path, cubin=True)
     assert "C75" not in msgs and "serialized" not in msgs, msgs
     spills = re.findall(r"(\d+) bytes spill stores", msgs)
     assert len(spills) == 3 and all(n == "0" for n in spills), msgs
@@ -208,9 +212,16 @@ def test_wrappers_size_their_launches_by_the_table() -> None:
     assert (K.HEADS_DUELING_LANES, K.HEADS_DUELING_BUDGET) == (v("DG_LANES"), v("DG_BUDGET"))
     assert (K.GLU_BACKWARD_GEMM_SETS, K.GLU_BACKWARD_GEMM_STAGES, K.GLU_BACKWARD_GEMM_PARTS) == (
         v("GB_SETS"), v("GB_STAGES"), v("GB_BH") // 32)
-    assert K.GLU_BACKWARD_GEMM_THREADS == K.GLU_GEMM_THREADS + 64
+    assert K.GLU_BACKWARD_GEMM_THREADS == K.GLU_GEMM_THREADS - 32 + 128  # a whole producer warpgroup
     assert K.GLU_BACKWARD_GEMM_DQ_H == 2 * v("GB_BH")  # two column tiles: an exact sum
     assert K.WGRAD_GEMM_ROWS == v("WG_N") + v("WG_NT") and K.WGRAD_GEMM_THREADS == K.GLU_GEMM_THREADS - 32 + 128
+    from foxhunt_core.gpu.tc.wgrad import NARROW, WIDE
+
+    wide = dict(WIDE.defines)
+    assert K.WGRAD_GEMM_MAX_ROWS == WIDE.rows == v("WG_N") + wide["WG_NT"] == wide["WG_ROWS"]
+    for variant in (NARROW, WIDE):  # TMA boxes that tile the stage, each 1024-aligned, within TMA's 256 rows
+        assert variant.rows % variant.box_rows == 0 and variant.box_rows % 8 == 0 and variant.box_rows <= 256
+        assert K.WgradGemmConfig().smem_for(variant) <= 227 * 1024
     assert (K.WGRAD_SETS, K.WGRAD_GEMM_TX_STAGES, K.WGRAD_GEMM_STAGES) == (v("WT_SETS"), v("WT_STAGES"),
                                                                         v("WG_STAGES"))
     assert K.GLU_BACK_ARGS.itemsize == (2 * K.GLU_BACKWARD_GEMM_SETS + 1) * 128  # sizeof(GluBackArgs)

@@ -14,7 +14,8 @@
 // operand comes transposed (x, the narrower one, by a separate pass) and the other, y, goes to the
 // tensor cores from registers (wgmma's A may come from registers, in any layout the threads load):
 // the wgmma computes out's transpose, D [M, N] = y^T xt^T, m64 x (n256 + n8) per warpgroup, so
-// that N up to 264 (the network's augmented z, 260 columns) is one tile.
+// that N up to 264 (the network's augmented z, 260 columns) is one tile; the wide variant's
+// m64 x (n256 + n16) takes N up to 272.
 //
 // A CTA takes TC_BM = 128 columns of y (two consumer warpgroups of 64)
 // over one slice of K (`k_split` rows, a multiple of TC_BK) and writes its partial D to
@@ -27,14 +28,15 @@
 // to TF32 to nearest in registers (cuBLAS rounds its TF32 operands so) and issue the products while
 // the next chunk's fragments load.
 //
-// Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py wgrad_gemm): 256 < N <= 264;
-// the tensor maps describe y [K, M] with boxes of 32 x 32 and xt [N, K] with boxes of 32 x 88,
+// Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py wgrad_gemm): 256 < N <= WG_ROWS;
+// the tensor maps describe y [K, M] with boxes of 32 x 32 and xt [N, K] with boxes of 32 x WG_BOX_ROWS,
 // 128-byte swizzle; part has room for ceil(K / k_split) splits of WG_ROWS x Mp floats.
 
 #include "tc_gemm.cuh"
 
 // WG_N (the main wgmma's N: xt's rows 0..255), WG_NT (the tail wgmma's: rows 256..263), WG_ROWS
-// (xt rows per stage), WG_BOX_ROWS (xt rows per TMA box: 11 KiB, so each box starts 1024-aligned),
+// (xt rows per stage), WG_BOX_ROWS (xt rows per TMA box: 11 KiB, so each box starts 1024-aligned;
+// the wide variant, foxhunt_core/gpu/tc/wgrad.py WIDE: a tail of 16, 272 rows in boxes of 136),
 // WG_THREADS (the producer a whole warpgroup: setmaxnreg works per warpgroup), the variant setting
 // WG_STAGES, and wgrad_gemm_tx's WT_SETS and WT_STAGES: defines.cuh
 static_assert(WG_ROWS == WG_N + WG_NT && WG_THREADS == TC_THREADS - 32 + 128, "wgrad_gemm's rows and warps");
@@ -52,12 +54,24 @@ __device__ __forceinline__ void wgmma_rs_256(float* d, const unsigned* a, unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// d (m64 x n8: 4 floats) += A B over one k step, A from registers.
-__device__ __forceinline__ void wgmma_rs_8(float* d, const unsigned* a, unsigned long long b) {
+// The tail: d (m64 x n WG_NT: WG_NT / 2 floats) += A B over one k step, A from registers; n8 for
+// inputs of up to 264 columns (the default trunk's z is 260), n16 for the wide variant (up to 272:
+// z with branch-input columns of the observation, tlob_inject's 268).
+__device__ __forceinline__ void wgmma_rs_tail(float* d, const unsigned* a, unsigned long long b) {
+#if WG_NT == 8
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 1, 1, 1;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#elif WG_NT == 16
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+        "%12, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#else
+#error "WG_NT: the tail wgmma is n8 or n16"
+#endif
 }
 
 __device__ __forceinline__ unsigned ld_tf32(unsigned at) {
@@ -86,7 +100,7 @@ __device__ __forceinline__ void issue_products(float* acc, const unsigned (&a)[4
 #pragma unroll
     for (int s = 0; s < TC_BK / 8; ++s) {
         wgmma_rs_256(acc, a + 4 * s, sw128_desc(sx + 32 * s));
-        wgmma_rs_8(acc + WG_N / 2, a + 4 * s, sw128_desc(sx + WG_N * 128 + 32 * s));
+        wgmma_rs_tail(acc + WG_N / 2, a + 4 * s, sw128_desc(sx + WG_N * 128 + 32 * s));
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -126,14 +140,17 @@ __device__ __forceinline__ FragOffsets consumer_start(int warp, int lane, float*
 }
 
 // This thread's partial D, transposed into out's layout at p (row n of out at p + n Mp): rows m and
-// m + 8 of D (p and p + 8), columns 8 j + 2 q (+ 1) and the tail's WG_N + 2 q (+ 1).
+// m + 8 of D (p and p + 8), columns 8 j + 2 q (+ 1) and the tail's WG_N + 8 j + 2 q (+ 1).
 __device__ __forceinline__ void store_partial(float* p, const float* acc, int q, int Mp) {
 #pragma unroll
     for (int j = 0; j < WG_N / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) p[(size_t)(8 * j + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[4 * j + e];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p[(size_t)(WG_N + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[WG_N / 2 + e];
+    for (int j = 0; j < WG_NT / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            p[(size_t)(WG_N + 8 * j + 2 * q + (e & 1)) * Mp + 8 * (e >> 1)] = acc[WG_N / 2 + 4 * j + e];
 }
 
 // The producer warpgroup of both kernels: it gives its registers up to the consumers (40 each; the
@@ -303,7 +320,7 @@ wgrad_gemm_tx(const __grid_constant__ WgradSets args, float* __restrict__ part, 
             a[0] = ld_tf32(at + fo.o0), a[1] = ld_tf32(at + fo.o1), a[2] = ld_tf32(at + fo.o2), a[3] = ld_tf32(at + fo.o3);
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
             wgmma_rs_256(acc, a, sw128_desc(sx + 32 * s));
-            wgmma_rs_8(acc + WG_N / 2, a, sw128_desc(sx + WG_N * 128 + 32 * s));
+            wgmma_rs_tail(acc + WG_N / 2, a, sw128_desc(sx + WG_N * 128 + 32 * s));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
             if (s == 0 && kc + 1 < chunks) {

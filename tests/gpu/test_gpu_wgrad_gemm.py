@@ -51,9 +51,11 @@ def _check(got, ref, lead=8):
 
 
 # (K, M): the network's joint GLU block and the direction branch's with the value head at 16384 rows;
-# one chunk of 32 rows and a K tail inside a chunk; M under one tile, with a tile tail; one split
+# one chunk of 32 rows and a K tail inside a chunk; M under one tile, with a tile tail; one split.
+# N: the tail of 8 (up to 264: the default z is 260) and the wide variant's of 16 (265 to 272: z
+# with tlob_inject's columns is 268)
 @pytest.mark.parametrize("Kb,M", [(16384, 1536), (16384, 576), (4, 4), (300, 100), (1000, 260), (132, 8)])
-@pytest.mark.parametrize("N", [260, 257, 264])
+@pytest.mark.parametrize("N", [260, 257, 264, 265, 268, 272])
 def test_wgrad_gemm_matches_the_reference(cp, rng, Kb, M, N):
     x = tf32(rng.normal(0, 1.0, (Kb, N)))
     y = tf32(rng.normal(0, 1.0, (Kb, M)))
@@ -70,6 +72,9 @@ def test_wgrad_gemm_zeroes_rows_outside_the_kept_columns(cp, rng):
     _check(_run(cp, x, y, zero_rows=(256, 259), keep_cols=(0, 512)), ref)
     ref = R.wgrad_gemm(host64(x), host64(y), (256, 259))  # nothing kept
     _check(_run(cp, x, y, zero_rows=(256, 259)), ref)
+    x = tf32(rng.normal(0, 1.0, (Kb, 268)))  # the wide variant (z with branch-input columns)
+    ref = R.wgrad_gemm(host64(x), host64(y), (256, 259), (512, 1024))
+    _check(_run(cp, x, y, zero_rows=(256, 259), keep_cols=(512, 1024)), ref)
 
 
 def test_wgrad_gemm_rounds_both_operands_to_nearest(cp, rng):
@@ -126,11 +131,13 @@ def test_wgrad_gemm_replays_from_a_graph(cp, rng):
         assert_close("replay", out, R.wgrad_gemm(host64(x_h), host64(y_h)), TOL)
 
 
-@pytest.mark.parametrize("case", ["N", "K", "M", "pitch"])
+@pytest.mark.parametrize("case", ["N", "N wide", "K", "M", "pitch"])
 def test_wgrad_gemm_refuses_bad_layouts(cp, case):
     xt, y = cp.zeros((260, 64), cp.float32), cp.zeros((64, 128), cp.float32)
     if case == "N":
         xt = cp.zeros((256, 64), cp.float32)  # one wgmma of 256 would do: not this kernel's tile
+    elif case == "N wide":
+        xt = cp.zeros((273, 64), cp.float32)  # past the wide variant's tail
     elif case == "K":
         y = cp.zeros((60, 128), cp.float32)
     elif case == "M":

@@ -260,7 +260,7 @@ def offset(x):
 # The twins take any size: GLUs of the test networks' width (12) are one tile, every batch one row
 # tile, and any layer input suits wgrad_gemm; the dueling warps' and dq's limits stay the kernels'.
 TWIN_LIMITS = dataclasses.replace(KERNEL_LIMITS, tile_rows=10**9, glu_cols=12, relu_cols=1, wgrad_min=0,
-                                  wgrad_max=10**9)
+                                  wgrad_max=10**9, wgrad_sets_max=10**9)
 
 
 def fused_network(net: BranchingC51, glu_gemm_on: bool, kernels: types.SimpleNamespace | None = None,

@@ -26,6 +26,27 @@ WGRAD_GEMM_MIN_CHUNKS = 4  # each slice of the batch at least this many 32-row c
 
 
 @dataclass(frozen=True)
+class WgradRows:
+    """The rows of xt that one wgrad_gemm tile takes (its wgmmas' N: 256 and a tail), as the
+    kernel is compiled for them (``defines``; none for the table's)."""
+
+    rows: int
+    box_rows: int  # xt's rows per TMA box: a multiple of 8 (each box starts 1024-aligned)
+    defines: tuple[tuple[str, int], ...] = ()
+
+
+NARROW = WgradRows(WGRAD_GEMM_ROWS, WGRAD_GEMM_BOX_ROWS)  # the tail of 8: inputs of up to 264 columns
+# The tail of 16: inputs of 265 to 272 columns (z with branch-input columns of the observation).
+WIDE = WgradRows(value("WG_N") + 16, 136, (("WG_NT", 16), ("WG_ROWS", value("WG_N") + 16), ("WG_BOX_ROWS", 136)))
+WGRAD_GEMM_MAX_ROWS = WIDE.rows
+
+
+def wgrad_rows(n: int) -> WgradRows:
+    """The variant of wgrad_gemm for a layer input of ``n`` columns (257 to 272)."""
+    return NARROW if n <= NARROW.rows else WIDE
+
+
+@dataclass(frozen=True)
 class WgradGemmConfig:
     """How :func:`wgrad_gemm`'s kernels (and :func:`wgrad_gemm_sets`', built from the same file) are
     built: wgrad_gemm's shared-memory stages (the table's four)."""
@@ -40,14 +61,19 @@ class WgradGemmConfig:
     def smem(self) -> int:
         """Bytes of shared memory of wgrad_gemm: its stages (16 KiB of y and 33 KiB of xt each), two
         mbarriers per stage, the 1024-byte alignment of the swizzled tiles."""
-        return self.stages * (TILE_A + WGRAD_GEMM_ROWS * GLU_GEMM_BOX_K * 4) + 16 * self.stages + 1024
+        return self.smem_for(NARROW)
+
+    def smem_for(self, variant: WgradRows) -> int:
+        """:attr:`smem` of the kernel built for ``variant``'s rows (34 KiB of xt a stage for WIDE)."""
+        return self.stages * (TILE_A + variant.rows * GLU_GEMM_BOX_K * 4) + 16 * self.stages + 1024
 
 
 def wgrad_gemm_supported(n: int | None = None) -> bool:
     """Whether :func:`wgrad_gemm` runs on the current device (as :func:`glu_gemm_supported`) and,
-    given ``n``, for a layer input that wide: more than 256 and at most 264 columns (one tile: the
-    network's augmented z is 260)."""
-    return glu_gemm_supported() and (n is None or 256 < n <= WGRAD_GEMM_ROWS)
+    given ``n``, for a layer input that wide: more than 256 and at most 272 columns (one tile: the
+    network's augmented z is 260, 268 with tlob_inject's columns). :func:`wgrad_gemm_sets` takes up
+    to 264."""
+    return glu_gemm_supported() and (n is None or 256 < n <= WGRAD_GEMM_MAX_ROWS)
 
 
 def wgrad_splits(K: int, M: int, sets: int = 1) -> tuple[int, int]:
@@ -82,8 +108,8 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
     M = y.shape[1]
     if y.shape[0] != K:
         raise ValueError(f"{k}: xt has {K} columns but y has {y.shape[0]} rows")
-    if not 256 < N <= WGRAD_GEMM_ROWS:
-        raise ValueError(f"{k}: xt needs more than 256 and at most {WGRAD_GEMM_ROWS} rows, got {N}")
+    if not 256 < N <= WGRAD_GEMM_MAX_ROWS:
+        raise ValueError(f"{k}: xt needs more than 256 and at most {WGRAD_GEMM_MAX_ROWS} rows, got {N}")
     if K % 4 or M % 4:
         raise ValueError(f"{k}: needs K and M multiples of 4; got K {K}, M {M}")
     if not (0 <= zero_rows[0] <= zero_rows[1] <= N and 0 <= keep_cols[0] <= keep_cols[1] <= M):
@@ -96,17 +122,21 @@ def wgrad_gemm(xt: Array, y: Array, *, out: Array | None = None, zero_rows: tupl
     if K == 0:
         out[...] = 0.0
         return out
+    variant = wgrad_rows(N)
+    smem = cfg.smem_for(variant)
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"{k}: {cfg.stages} stages of {variant.rows} rows do not fit 227 KiB")
     splits, k_split = wgrad_splits(K, M)
     tiles = -(-M // GLU_GEMM_ROWS)
-    part = cupy.empty((splits, WGRAD_GEMM_ROWS, tiles * GLU_GEMM_ROWS), dtype=F32)
+    part = cupy.empty((splits, variant.rows, tiles * GLU_GEMM_ROWS), dtype=F32)
     map_y = tma.matrix_map(k, "y", y, GLU_GEMM_BOX_K, GLU_GEMM_BOX_K)
-    map_xt = tma.matrix_map(k, "xt", xt, GLU_GEMM_BOX_K, WGRAD_GEMM_BOX_ROWS)
-    fn = _kernel("wgrad_gemm.cu", k, {"WG_STAGES": cfg.stages})
-    smem = cfg.smem
+    map_xt = tma.matrix_map(k, "xt", xt, GLU_GEMM_BOX_K, variant.box_rows)
+    defs = {"WG_STAGES": cfg.stages, **dict(variant.defines)}
+    fn = _kernel("wgrad_gemm.cu", k, defs)
     opt_in_smem(fn, smem)
     fn((tiles * splits,), (WGRAD_GEMM_THREADS,), (map_y, map_xt, part, i32(K), i32(M), i32(k_split), i32(tiles)),
        shared_mem=smem)
-    _wgrad_reduce(part, [out], ld_out, splits, tiles, N, M, cfg, zero_rows, keep_cols)
+    _wgrad_reduce(part, [out], ld_out, splits, tiles, N, M, cfg, zero_rows, keep_cols, defs)
     return out
 
 
@@ -119,12 +149,13 @@ WGRAD_GEMM_TX_STAGES = value("WT_STAGES")
 
 def _wgrad_reduce(part: Array, outs: Sequence[Array], ld_out: int, splits: int, tiles: int, N: int, M: int,
                   cfg: WgradGemmConfig, zero_rows: tuple[int, int] = (0, 0),
-                  keep_cols: tuple[int, int] = (0, 0)) -> None:
-    """wgrad_reduce: each set's slices of the batch summed in order into its output."""
+                  keep_cols: tuple[int, int] = (0, 0), defines: dict | None = None) -> None:
+    """wgrad_reduce: each set's slices of the batch summed in order into its output (``part``'s
+    rows per split as the kernel of ``defines`` wrote them)."""
     ptrs = np.zeros(1, dtype=OUT_SETS)
     for i, o in enumerate(outs):
         ptrs["out"][0, i] = o.data.ptr
-    _kernel("wgrad_gemm.cu", "wgrad_reduce", {"WG_STAGES": cfg.stages})(
+    _kernel("wgrad_gemm.cu", "wgrad_reduce", defines or {"WG_STAGES": cfg.stages})(
         (elementwise_grid(len(outs) * N * M),), (THREADS,),
         (part, i32(len(outs)), i32(splits), i32(tiles * GLU_GEMM_ROWS), ptrs, i32(ld_out), i32(N), i32(M),
          i32(zero_rows[0]), i32(zero_rows[1]), i32(keep_cols[0]), i32(keep_cols[1])))

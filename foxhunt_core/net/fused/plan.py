@@ -26,6 +26,7 @@ from typing import Any
 
 from ...gpu.defines import value
 from ...gpu.kernels import (
+    WGRAD_GEMM_MAX_ROWS,
     GluBackwardGemmConfig,
     GluGemmConfig,
     LinearGemmConfig,
@@ -51,7 +52,8 @@ class Limits:
     dueling_lanes: int = value("DG_LANES")  # lanes per row of its dueling warps, which hold
     dueling_budget: int = value("DG_BUDGET")  # at most this many of a branch's logits each
     wgrad_min: int = value("WG_N")  # wgrad_gemm takes layer inputs wider than this
-    wgrad_max: int = value("WG_ROWS")  # and at most this wide
+    wgrad_max: int = WGRAD_GEMM_MAX_ROWS  # and at most this wide (its wide variant's tail)
+    wgrad_sets_max: int = value("WG_ROWS")  # wgrad_gemm_sets (the heads' h): at most this wide
     dq_cols: int = value("GB_NQ_MAX")  # glu_backward_gemm's dq: at most this many direction actions
     dq_h: int = 2 * value("GB_BH")  # and GLUs at most this wide (two column tiles: an exact sum)
     gate_terms: int = value("GB_GATE_TERMS_MAX")  # glu_backward_gemm's gate: parameter-gradient terms per unit
@@ -301,10 +303,10 @@ class ExecutionPlan:
                            f"adv_h {H} > {L.dq_h}, {n_dir} direction actions > {L.dq_cols} or the magnitude "
                            "branch's input not z")
 
-        def wgrad_width(n: int, what: str) -> Decision:
-            ok = L.wgrad_min < n <= L.wgrad_max
+        def wgrad_width(n: int, what: str, most: int) -> Decision:
+            ok = L.wgrad_min < n <= most
             return Decision(ok, f"{what} {n} columns " + ("within" if ok else "outside")
-                            + f" wgrad_gemm's {L.wgrad_min + 1}..{L.wgrad_max}")
+                            + f" wgrad_gemm's {L.wgrad_min + 1}..{most}")
 
         joined = Decision(sh.joint and sh.value_joined, "every GLU in the value head's block" if sh.joint
                           and sh.value_joined else "the GLU weights in blocks of their own (branch-input columns)")
@@ -315,8 +317,8 @@ class ExecutionPlan:
             heads_dueling=every("heads_dueling", heads_fit(sh.offsets, sh.num_atoms, L)),
             glu_backward_gemm=every("glu_backward_gemm", gate, terms_fit, tc, glu_tile),
             glu_backward_dq=every("glu_backward_dq", dq_fits),
-            wgrad_gemm=every("wgrad_gemm", tc, wgrad_width(sh.z_width, "the augmented z:")),
-            wgrad_heads=every("wgrad_gemm", tc, wgrad_width(sh.h_width, "the augmented h:")),
+            wgrad_gemm=every("wgrad_gemm", tc, wgrad_width(sh.z_width, "the augmented z:", L.wgrad_max)),
+            wgrad_heads=every("wgrad_gemm", tc, wgrad_width(sh.h_width, "the augmented h:", L.wgrad_sets_max)),
             relu_gemm=every("relu_gemm", tc),
             joint_dz=every("joint_dz", joined),
             side_stream=every("side_stream", Decision(True, "a second stream")),
