@@ -59,26 +59,31 @@ __device__ __forceinline__ float dr_sigmoid(float x) { return 1.0f / (1.0f + exp
 // loop-invariant weight loads out of the row loop and spills the thousands of values to local memory.
 __device__ __forceinline__ void dr_reload() { asm volatile("" ::: "memory"); }
 
-// The five tensors into the packed layout P (every thread of the block calls it; one barrier).
+// Tensor src ([K_, n], step after step) into step k's entries at..at + n - 1 of P, by NT threads:
+// every loop bound a compile-time constant, so each thread's loads are all in flight at once.
+template <int NT, int N>
+__device__ __forceinline__ void dr_copy(float* P, int at, const float* __restrict__ src) {
+#pragma unroll
+    for (int k = 0; k < K_; ++k)
+#pragma unroll
+        for (int i0 = 0; i0 < N; i0 += NT) {
+            const int i = i0 + (int)threadIdx.x;
+            if (i < N) P[k * DR_E + at + i] = src[k * N + i];
+        }
+}
+
+// The five tensors into the packed layout P (every thread of the block calls it; one barrier). A
+// loop over P's entries that chose each entry's tensor at run time waited for one load from L2
+// after another: at small batches, where the kernels are bound by latency, most of their time.
+template <int NT>
 __device__ __forceinline__ void dr_load_params(float* P, const float* __restrict__ w_q,
                                                const float* __restrict__ w_sigma, const float* __restrict__ b1,
-                                               const float* __restrict__ w2, const float* __restrict__ b2,
-                                               int nthreads) {
-    for (int t = threadIdx.x; t < DR_P; t += nthreads) {
-        const int k = t / DR_E, e = t % DR_E;
-        float v;
-        if (e < H_ * A_)
-            v = w_q[k * H_ * A_ + e];
-        else if (e < 2 * H_ * A_)
-            v = w_sigma[k * H_ * A_ + e - H_ * A_];
-        else if (e < 2 * H_ * A_ + H_)
-            v = b1[k * H_ + e - 2 * H_ * A_];
-        else if (e < 2 * H_ * A_ + H_ + A_ * H_)
-            v = w2[k * A_ * H_ + e - 2 * H_ * A_ - H_];
-        else
-            v = b2[k * A_ + e - 2 * H_ * A_ - H_ - A_ * H_];
-        P[t] = v;
-    }
+                                               const float* __restrict__ w2, const float* __restrict__ b2) {
+    dr_copy<NT, H_ * A_>(P, 0, w_q);
+    dr_copy<NT, H_ * A_>(P, H_ * A_, w_sigma);
+    dr_copy<NT, H_>(P, 2 * H_ * A_, b1);
+    dr_copy<NT, A_ * H_>(P, 2 * H_ * A_ + H_, w2);
+    dr_copy<NT, A_>(P, 2 * H_ * A_ + H_ + A_ * H_, b2);
     __syncthreads();
 }
 
@@ -137,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) diffusion_refine_forwar
     const float* __restrict__ w2, const float* __restrict__ b2)
 {
     __shared__ __align__(16) float P[DR_P];
-    dr_load_params(P, w_q, w_sigma, b1, w2, b2, DR_THREADS);
+    dr_load_params<DR_THREADS>(P, w_q, w_sigma, b1, w2, b2);
     const long long stride = (long long)gridDim.x * DR_THREADS;
     for (long long b = (long long)blockIdx.x * DR_THREADS + threadIdx.x; b < batch; b += stride) {
         dr_reload();
@@ -188,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(DR_ROWS) diffusion_refine_backward(
     __shared__ float dqn_s[DR_ROWS * DR_AS];       // dQ_{k+1}
     __shared__ float one_s;
     if (threadIdx.x == 0) one_s = 1.0f;
-    dr_load_params(P, w_q, w_sigma, b1, w2, b2, DR_ROWS);
+    dr_load_params<DR_ROWS>(P, w_q, w_sigma, b1, w2, b2);
 
     const int r = threadIdx.x;
     float acc[K_][DR_EPT];

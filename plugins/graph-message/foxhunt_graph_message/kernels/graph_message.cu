@@ -68,13 +68,34 @@ __host__ __device__ constexpr int gm_tensor_base(int t) {
 static_assert(gm_off(NUM_BRANCHES) == NUM_ACTIONS, "BRANCH_OFFSETS must end at NUM_ACTIONS");
 
 // The twelve tensors into the packed layout P (every thread of the block calls it; one barrier).
-__device__ __forceinline__ void gm_load_params(float* P, const float* const* t) {
-    for (int i = threadIdx.x; i < GM_P; i += GM_THREADS) {
-        int k = 0;
-        while (i >= gm_tensor_base(k + 1)) ++k;
-        P[i] = t[k][i - gm_tensor_base(k)];
+// Tensor T's offset and size are compile-time constants here: a loop over the packed index that
+// found each entry's tensor at run time made the constexpr helpers build their tables in local
+// memory on every call (hundreds of local loads and stores before the first row: most of the
+// kernels' time at small batches, where they are bound by latency).
+template <int T = 0>
+__device__ __forceinline__ void gm_load_tensors(float* P, const float* const (&t)[GM_TENSORS]) {
+    if constexpr (T < GM_TENSORS) {
+        constexpr int base = gm_tensor_base(T), n = gm_tensor_size(T);
+        for (int i = threadIdx.x; i < n; i += GM_THREADS) P[base + i] = t[T][i];
+        gm_load_tensors<T + 1>(P, t);
     }
+}
+
+__device__ __forceinline__ void gm_load_params(float* P, const float* const (&t)[GM_TENSORS]) {
+    gm_load_tensors(P, t);
     __syncthreads();
+}
+
+// Entry p of the packed layout written into its tensor (the tensors' bounds compile-time constants).
+template <int T = 0>
+__device__ __forceinline__ void gm_store_entry(float* const (&t)[GM_TENSORS], int p, float value) {
+    if constexpr (T < GM_TENSORS) {
+        constexpr int base = gm_tensor_base(T), n = gm_tensor_size(T);
+        if (p < base + n)
+            t[T][p - base] = value;
+        else
+            gm_store_entry<T + 1>(t, p, value);
+    }
 }
 
 // Row b of x [B, A] into registers (zeros past the batch).
@@ -257,8 +278,6 @@ extern "C" __global__ void __launch_bounds__(32 * GM_REDUCE_WARPS) graph_message
     if (w == 0 && p < GM_P) {
         double t = 0.0;
         for (int r = 0; r < GM_REDUCE_WARPS; ++r) t += sums[r][lane];
-        int k = 0;
-        while (p >= gm_tensor_base(k + 1)) ++k;
-        tensors[k][p - gm_tensor_base(k)] = (float)t;
+        gm_store_entry(tensors, p, (float)t);
     }
 }
