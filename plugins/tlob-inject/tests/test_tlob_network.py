@@ -195,3 +195,21 @@ def test_the_stage_7_agent_checks_the_manifest():
     assert "tlob_inject" not in agent.online  # no tensors of its own, as its manifest declares
     assert agent.net.in_width[2:] == [SMALL["shared_h2"] + 3] * 2
     assert [agent.online["core"][k].shape for k in WIDENED] == [(3, SMALL["adv_h"])] * 4
+
+
+def test_the_plan_takes_the_wide_wgrad_gemm_for_z_with_the_columns():
+    """At the default network on a Hopper GPU under TF32, z with the six columns is 268 wide: past
+    wgrad_gemm's tail of 8 (264), within its wide variant's 272. The plan keeps the GLU blocks'
+    weight gradient on the kernel (cuBLAS before the wide variant) and the heads' on theirs; the
+    same network on Ampere has no wgmma, and neither."""
+    from foxhunt_core.net.fused import layout
+    from foxhunt_core.net.fused.plan import Device, ExecutionPlan
+
+    net = BranchingC51(NetSettings(), branch_inputs=_stages())
+    assert layout.z_width(net) == 268
+    plan = ExecutionPlan.build(net, Device("90", 132), True, 4096)
+    assert plan.wgrad_gemm, plan.wgrad_gemm.why
+    assert "268 columns within wgrad_gemm's 257..272" in plan.wgrad_gemm.why
+    assert plan.wgrad_heads and "257..264" in plan.wgrad_heads.why
+    assert plan.glu_gemm and plan.glu_backward_gemm
+    assert not ExecutionPlan.build(net, Device("80", 108), True, 4096).wgrad_gemm
