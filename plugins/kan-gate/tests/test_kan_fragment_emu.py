@@ -64,9 +64,12 @@ def test_fragment_matches_the_oracle_per_element(tmp_path, grid):
     rng = np.random.default_rng()
     x = _inputs(grid, rng)
     n, units, nb = x.size, 7, grid.num_bases
-    # coefficients that put raw inside (0, 1) for some inputs and clamp others
+    # random units, and three that put raw below 0, above 1 and inside (0, 1) for every input: both
+    # sides of the clamp and its interior are exercised whatever the draw
     coeff = rng.uniform(-0.3, 1.3, size=(units, nb)).astype(np.float32)
     residual = rng.uniform(-0.2, 0.2, size=units).astype(np.float32)
+    coeff[:3] = np.array([-0.5, 1.5, 0.5], np.float32)[:, None]
+    residual[:3] = 0.0
     dh = rng.normal(size=n).astype(np.float32)
     v = rng.normal(size=n).astype(np.float32)
     T = nb + 1
