@@ -2,7 +2,7 @@
 
     python benchmarks/bench_update.py [--batches 4096 16384 65536] [--repeats 50] [--json out.json]
         [--foxhunt VARIANT ...] [--torch KIND ...] [--max-autotune B ...] [--stack-max N] [--flags FILE ...]
-        [--tanh-gate]
+        [--tanh-gate] [--q-in-line]
 
 In one run on one GPU, for each batch size:
 
@@ -16,6 +16,10 @@ In one run on one GPU, for each batch size:
 * ``foxhunt 1 stream``: the graph replay with everything on one stream (no weight gradients
   beside the input gradients, no target forward beside the online ones; for the side stream's
   share);
+* ``foxhunt Q in line``: the graph replay with the Q pipeline at s (attention, post-attention
+  stages, the auxiliary loss and their backward) after the network's backward on the main stream,
+  not beside it on a stream of its own (for that stream's share; ``--q-in-line`` does the same for
+  each ``--flags`` file);
 * ``foxhunt cublas glu``: the graph replay with the GLUs and the advantage heads through cuBLAS
   (and ``glu_forward``) where they run as ``glu_gemm`` and ``linear_gemm`` (for their share);
 * ``foxhunt heads apart``, ``foxhunt relu apart``, ``foxhunt dq apart``: the graph replay with
@@ -124,6 +128,7 @@ FOXHUNT_VARIANTS = {
     "foxhunt eager": dict(graphs=False, tune=True),
     "foxhunt gemmex": dict(graphs=True, lt=False),
     "foxhunt 1 stream": dict(graphs=True, tune=True, plan=dict(side_stream=False)),
+    "foxhunt Q in line": dict(graphs=True, tune=True, plan=dict(q_stream=False)),
     "foxhunt cublas glu": dict(graphs=True, tune=True, plan=dict(glu_gemm=False)),
     "foxhunt heads apart": dict(graphs=True, tune=True, plan=dict(heads_dueling=False)),
     "foxhunt relu apart": dict(graphs=True, tune=True, plan=dict(relu_gemm=False)),
@@ -327,6 +332,9 @@ def main() -> int:
                          "(a 'foxhunt FILE' column each)")
     ap.add_argument("--tanh-gate", action="store_true",
                     help="also time stage 0 with the tests' tanh gate (its CUDA fragment), beside stage 0")
+    ap.add_argument("--q-in-line", action="store_true",
+                    help="also time each flag set with its Q pipeline at s after the network's backward on the "
+                         "main stream (the plan's q_stream off; a 'foxhunt FILE (Q in line)' column each)")
     args = ap.parse_args()
     from foxhunt_core.flags import FlagError, load_flags
 
@@ -364,6 +372,11 @@ def main() -> int:
             res[col] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f)
             print(f"B={B} {col}: {res[col]:.3f} ms ({res[col] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
                   flush=True)
+            if args.q_in_line:
+                c = f"{col} (Q in line)"
+                res[c] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f, plan=dict(q_stream=False))
+                print(f"B={B} {c}: {res[c]:.3f} ms ({res[c] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
+                      flush=True)
         if not args.skip_torch:
             kinds = list(args.torch)
             kinds += [k for k in MAX_AUTOTUNE_KINDS if k not in kinds] if B in args.max_autotune else []
@@ -382,7 +395,8 @@ def main() -> int:
     print(f"\nGPU: {name}; ms per update (median of {args.repeats}); ratio = strongest torch / foxhunt")
     stacked = [f"foxhunt stack<={args.stack_max}"] if args.stack_max is not None else []
     gated = ["foxhunt + tanh_gate"] if args.tanh_gate else []
-    cols = [*FOXHUNT_VARIANTS, *stacked, *gated, *flag_sets,
+    in_line = [f"{c} (Q in line)" for c in flag_sets] if args.q_in_line else []
+    cols = [*FOXHUNT_VARIANTS, *stacked, *gated, *flag_sets, *in_line,
             *(f"torch {k}" for k in (*TORCH_KINDS, *MAX_AUTOTUNE_KINDS))]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| B | " + " | ".join(cols) + " | speed-up vs strongest torch | GEMM TFLOP/s (ceiling) |")
@@ -398,6 +412,7 @@ def main() -> int:
         print("| flag set | " + " | ".join(f"B = {r['batch']}" for r in rows) + " |")
         print("|---" * (len(rows) + 1) + "|")
         named = [(c, "tanh_gate") for c in gated] + [(c, str(f.path)) for c, f in flag_sets.items()]
+        named += [(f"{c} (Q in line)", str(f.path)) for c, f in flag_sets.items() if args.q_in_line]
         for col, key in named:
             print(f"| {col.removeprefix('foxhunt ')} | "
                   + " | ".join(f"{r[col]:.3f} ({r[col] / r['foxhunt']:.3f}x)" for r in rows) + " |")

@@ -23,6 +23,7 @@ from ..qpipe import QOut, QPipeline
 from ..step import Step, Tree, merge_grads, tree_to
 from . import kernels as K
 from .flat import FlatTree
+from .streams import SideStream
 
 Array = Any
 
@@ -73,6 +74,7 @@ class FusedStep(Step):
         self.plan = ExecutionPlan.build(net, Device.current(), t.tf32, t.batch_size, q_stages=q_stages,
                                         act_rows=settings.env.num_envs, **(plan_overrides or {}))
         self.fused_network = FusedNetwork(net, self.plan)
+        self.q_lane = SideStream(enabled=bool(self.plan.q_stream), lane=1)
         # One buffer whose views are the parameters, with the weights the fused network pads kept
         # in zero-padded blocks. The online network, a twin of it refreshed at each update and the
         # target network are stacked in one allocation at a constant stride, so that the update's
@@ -96,6 +98,7 @@ class FusedStep(Step):
                                         q_stages=[(s.hook, s.name) for s in p.stages if s.path == "own"],
                                         act_rows=p.act_rows, limits=p.limits, **overrides)
         self.fused_network = FusedNetwork(self.net, self.plan, kernels=old.K, blas=old.blas, xp=old.xp)
+        self.q_lane = SideStream(enabled=bool(self.plan.q_stream), lane=1)
         return self.plan
 
     def acting_forward(self, params: Tree, obs: Array, outputs: tuple[str, ...]) -> NetOutput:
@@ -147,15 +150,22 @@ class FusedStep(Step):
             None, batch["reward"], disc, out.log_probs, self.z, coeff, next_heads=tgt.heads,
             next_action=a_star, action=taken, offsets=self.offsets, dlogits_full=True,
             loss=stats[0], entropy=stats[1], write_m=False, m_mean=y)
+        # The Q pipeline at s, the auxiliary loss and their backward read only the forward's E[Q]
+        # and Var[Q], the loss kernel's E[m] and the parameters; where the plan says so they run on
+        # a stream of their own (gpu/streams.py, lane 1), beside the network's backward: a chain of
+        # small kernels that would otherwise wait for the backward's GEMMs, and they for it. Every
+        # buffer the lane reads stays alive, and unwritten, until the join below.
+        with self.q_lane.beside():
+            q = self.q_pipeline(self.online, out, keep_cache=True)
+            # Squared error into the third row of stats, its gradient at the taken actions: one launch.
+            _, dq = K.aux_error(xp.ascontiguousarray(q.q_coord), taken, y, 2.0 * t.aux_weight / (B * D),
+                                self.offsets, err2=stats[2])
+            # The attention's and the stages' gradients go straight into the optimizer's flat buffer too.
+            q_grads = self.qpipe.backward(self.online, q, dq, grads_into=self.opt.grad_slots())
         grads = self.fused_network.backward(self.online, out, dlogits, grads_into=self.opt.grad_slots())
-
-        q = self.q_pipeline(self.online, out, keep_cache=True)
-        # Squared error into the third row of stats, its gradient at the taken actions: one launch.
-        _, dq = K.aux_error(xp.ascontiguousarray(q.q_coord), taken, y, 2.0 * t.aux_weight / (B * D), self.offsets,
-                            err2=stats[2])
+        self.q_lane.join()
         means = _row_means(stats.reshape(3, -1))  # the three means together
-        # The attention's gradients go straight into the optimizer's flat buffer too.
-        grads = merge_grads(grads, self.qpipe.backward(self.online, q, dq, grads_into=self.opt.grad_slots()))
+        grads = merge_grads(grads, q_grads)
         return grads, {"loss": means[0], "aux_loss": t.aux_weight * means[2], "entropy": means[1]}, out, q
 
     def statistics(self, out: NetOutput, q: QOut) -> dict[str, float]:

@@ -17,6 +17,11 @@ A buffer that the side stream reads must not be written by the main stream befor
 (the callers keep that). The side stream is one per device, made at first use (the update's
 warm-up runs before its capture), with its own cuBLAS workspaces (:mod:`.cublas`,
 :mod:`.cublaslt`).
+
+A second lane (``SideStream(lane=1)``, a third stream) takes the update's Q pipeline at s: the
+attention, the post-attention stages, the auxiliary loss and their backward read only the
+forward's E[Q] and Var[Q] and the loss kernel's E[m], so the chain of small kernels runs beside the
+network's backward (whose own side stream, lane 0, keeps the weight gradients).
 """
 
 from __future__ import annotations
@@ -25,17 +30,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_side: dict[int, Any] = {}
+_side: dict[tuple[int, int], Any] = {}
+LANES = 2  # side streams per device: 0 the network's weight gradients, 1 the Q pipeline
 
 
-def side_stream() -> Any:
-    """The current device's side stream."""
+def side_stream(lane: int = 0) -> Any:
+    """The current device's side stream ``lane``."""
     import cupy
 
-    dev = cupy.cuda.Device().id
-    s = _side.get(dev)
+    if not 0 <= lane < LANES:
+        raise ValueError(f"side stream lane {lane} outside 0..{LANES - 1}")
+    key = (cupy.cuda.Device().id, lane)
+    s = _side.get(key)
     if s is None:
-        s = _side[dev] = cupy.cuda.Stream(non_blocking=True)
+        s = _side[key] = cupy.cuda.Stream(non_blocking=True)
     return s
 
 
@@ -44,8 +52,9 @@ class SideStream:
     the current stream (the execution plan's ``side_stream``, off for comparison:
     ``benchmarks/bench_update.py``'s ``foxhunt 1 stream``)."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, lane: int = 0) -> None:
         self.enabled = bool(enabled)
+        self.lane = int(lane)
 
     @contextmanager
     def beside(self) -> Iterator[Any]:
@@ -56,7 +65,7 @@ class SideStream:
         if not self.enabled:
             yield main
             return
-        side = side_stream()
+        side = side_stream(self.lane)
         side.wait_event(main.record())
         with side:
             yield side
@@ -66,4 +75,4 @@ class SideStream:
         import cupy
 
         if self.enabled:
-            cupy.cuda.get_current_stream().wait_event(side_stream().record())
+            cupy.cuda.get_current_stream().wait_event(side_stream(self.lane).record())

@@ -145,6 +145,43 @@ def test_graph_replay_equals_eager_updates(with_stages):
     assert int(graphed.opt.t_dev.get().ravel()[0]) == 5
 
 
+def test_q_pipeline_beside_the_backward_changes_no_bit():
+    """The plan's q_stream: the Q pipeline at s (attention, the post-attention stage, the auxiliary
+    loss and their backward) on a stream of its own, beside the network's backward, gives the same
+    bits as in line after it, eagerly (gradients and scalars of one update at 4096 rows, where the
+    two overlap) and captured (five replays against five in-line eager updates)."""
+    cp = _cp()
+    from foxhunt_core.graphs import GraphedUpdate
+
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    agent = Agent(_settings(), _plugins(True), cp, np.random.default_rng(seed))
+    assert agent.plan.q_stream, agent.plan.q_stream.why
+    batch = _to(cp, {"b": _batch(rng, 4096)})["b"]
+    results = []
+    for beside in (True, False):
+        if not beside:
+            agent.replan(q_stream=False)
+            assert not agent.plan.q_stream
+        g, sc, _, q = agent.loss_and_grads(batch, 0.01)
+        # (the gradients are views of the flat buffer that the next call overwrites)
+        results.append(({o: {k: _host(v) for k, v in sub.items()} for o, sub in g.items()},
+                        {k: float(v) for k, v in sc.items()}, _host(q.q_coord)))
+    (g_on, s_on, q_on), (g_off, s_off, q_off) = results
+    assert s_on == s_off
+    np.testing.assert_array_equal(q_on, q_off)
+    assert g_on.keys() == g_off.keys() and {"affine_post"} <= g_on.keys()
+    for o, sub in g_off.items():
+        for k, v in sub.items():
+            np.testing.assert_array_equal(g_on[o][k], v, err_msg=f"{o}/{k}")
+
+    eager = Agent(_settings(), _plugins(True), cp, np.random.default_rng(seed), plan_overrides={"q_stream": False})
+    graphed = Agent(_settings(), _plugins(True), cp, np.random.default_rng(seed))
+    assert graphed.plan.q_stream and not eager.plan.q_stream
+    g = GraphedUpdate(graphed, 1024)
+    _replay_against_eager(cp, rng, eager, graphed, g, 1024, 5)
+
+
 def _glu_net_settings():
     """GLUs 128 wide (glu_gemm's tile) under TF32: the update's GLUs run as glu_gemm."""
     net = NetSettings(shared_h1=64, shared_h2=64, adv_h=128)

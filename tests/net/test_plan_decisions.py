@@ -130,3 +130,19 @@ def test_the_plans_record_names_the_kernels_that_run(case):
     text = " ".join(c["kernel"] for c in record.choices(plan))
     named = {k for k in FUSED_KERNELS if re.search(rf"\b{k}\b", text)}
     assert named == ran & set(FUSED_KERNELS), record.explain(plan)
+
+
+def test_the_record_says_where_the_q_pipeline_runs():
+    """The Q pipeline at s beside the network's backward on a third stream by default; in line
+    with the knob off, and the record says which and why."""
+    kind, shape, dev, tf32, rows = RECORD_CASES[0]
+    cc, sms = DEVICES[dev]
+    net = network(shape)
+    for on in (True, False):
+        plan = ExecutionPlan.build(net, Device(cc, sms), tf32, rows, **({} if on else {"q_stream": False}))
+        assert bool(plan.q_stream) is on
+        (c,) = [c for c in record.choices(plan) if c["what"] == "the Q pipeline at s and its backward"]
+        assert c["kernel"] == ("on a third stream, beside the network's backward" if on
+                               else "after the network's backward, on the main stream")
+        assert c["why"] == ("a third stream" if on else "q_stream switched off "
+                            "(BENCHMARKS.md#the-execution-plans-thresholds (q_stream))")

@@ -152,6 +152,7 @@ class Knobs:
     relu_gemm: bool = True
     joint_dz: bool = True
     side_stream: bool = True
+    q_stream: bool = True
     # how the tensor-core kernels are built (their rings of stages, clusters, staging)
     glu_gemm_config: GluGemmConfig = field(default_factory=GluGemmConfig)
     linear_gemm_config: LinearGemmConfig = field(default_factory=LinearGemmConfig)
@@ -211,6 +212,7 @@ class ExecutionPlan:
     relu_gemm: Decision  # the trunk's input gradients (past relu_gemm_min_rows, where the tiles fill)
     joint_dz: Decision
     side_stream: Decision
+    q_stream: Decision  # the update's Q pipeline at s (and its backward) beside the network's backward
     act_rows: int | None = None  # the acting forward's rows, for the record
     gate_built_in: bool = True  # the gate is the sigmoid (the elementwise kernels: glu_forward, glu_backward)
     stack_trees: Decision = Decision(True, "the gate has no parameters of its own")  # (pairs) over stacked trees
@@ -322,6 +324,7 @@ class ExecutionPlan:
             relu_gemm=every("relu_gemm", tc),
             joint_dz=every("joint_dz", joined),
             side_stream=every("side_stream", Decision(True, "a second stream")),
+            q_stream=every("q_stream", Decision(True, "a third stream")),
             act_rows=act_rows, gate_built_in=built_in, stack_trees=stack_trees,
         )
 

@@ -124,6 +124,9 @@ def choices(plan: ExecutionPlan) -> list[Choice]:
         for name, w in (("online s", every), ("online s'", ("q",)), ("target s'", (HEADS,))):
             out += _forward(plan, f"{name} forward ({B} rows)", B, False, [w])
     out += _backward(plan, B)
+    out.append(_choice("update", "the Q pipeline at s and its backward",
+                       "on a third stream, beside the network's backward" if plan.q_stream
+                       else "after the network's backward, on the main stream", plan.q_stream.why))
     if plan.act_rows:
         out += _forward(plan, f"acting forward ({plan.act_rows} rows)", plan.act_rows, False, [("q",)])
     return out

@@ -74,4 +74,6 @@ ARRANGEMENTS: dict[str, Arrangement] = {
                             f"{BENCHMARKS} (joint_dz)"),
     "side_stream": Arrangement("the weight gradients beside the input gradients, the target forward beside the "
                                "online ones, on a second stream", f"{BENCHMARKS} (side_stream)"),
+    "q_stream": Arrangement("the Q pipeline at s (attention, post-attention stages, the auxiliary loss and their "
+                            "backward) beside the network's backward, on a third stream", f"{BENCHMARKS} (q_stream)"),
 }
