@@ -13,7 +13,9 @@ diffusion_refine at its defaults), the median µs, replayed from a captured CUDA
   the backward at s;
 
 and the update share as a percentage of the stage-0 update at that batch size (``--stage0-ms``;
-the defaults are the H200 figures of issue 22: 0.507, 1.243, 4.058 ms). The whole update with a
+the defaults are the H200 figures of issue 22: 0.507, 1.243, 4.058 ms). A second table times
+diffusion_refine's forward and backward at each choice of lanes per sample (the same bits either
+way; ``foxhunt_diffusion_refine.cuda`` picks by batch size from these figures). The whole update with a
 flag set's stages is what ``benchmarks/bench_update.py --flags FILE`` times; this script isolates
 the plugins' own kernels. The inputs are random and fixed.
 """
@@ -43,7 +45,7 @@ def _stage(name: str, use_kernel: bool):
     return DiffusionRefineStage(sum(SIZES), use_cuda_kernel=use_kernel)
 
 
-def cases(name: str, B: int) -> dict:
+def cases(name: str, B: int, lanes: int | None = None) -> dict:
     import cupy as cp
 
 
@@ -73,10 +75,11 @@ def cases(name: str, B: int) -> dict:
         ws = C.new_workspace(A, st.steps, st.hidden)
 
         def fwd(q):
-            return C.forward_cuda(q, var, params, st.step_scale, out=out)
+            return C.forward_cuda(q, var, params, st.step_scale, out=out, lanes=lanes)
 
         def bwd():
-            return C.backward_cuda(q_s, var, dy, params, st.step_scale, dq=dq, grads=slots, workspace=ws)
+            return C.backward_cuda(q_s, var, dy, params, st.step_scale, dq=dq, grads=slots, workspace=ws,
+                                   lanes=lanes)
 
     return {"forward": lambda: fwd(q_s), "backward": bwd,
             "update share": lambda: (fwd(q_s), fwd(q_n), bwd())}
@@ -98,6 +101,16 @@ def main() -> None:
             pct = f"{100 * t['update share'] / (1000 * stage0[B]):.2f}" if B in stage0 else "-"
             print(f"| {name} | {B} | {t['forward']:.1f} | {t['backward']:.1f} | {t['update share']:.1f} | {pct} |",
                   flush=True)
+    from foxhunt_diffusion_refine import cuda as C
+
+    print()
+    print("| diffusion_refine | B | lanes | forward µs | backward µs | chosen (forward, backward) |")
+    print("|---|---|---|---|---|---|")
+    for B in args.batches:
+        for lanes in (C.LANES, C.FEW_LANES):
+            c = cases("diffusion_refine", B, lanes)
+            f, b = graph_us(c["forward"], args.repeats), graph_us(c["backward"], args.repeats)
+            print(f"| | {B} | {lanes} | {f:.1f} | {b:.1f} | {C.forward_lanes(B)}, {C.backward_lanes(B)} |", flush=True)
 
 
 if __name__ == "__main__":

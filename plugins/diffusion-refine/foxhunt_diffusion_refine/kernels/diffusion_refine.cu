@@ -7,18 +7,33 @@
 // Per sample (A actions, H hidden units, sigma = sqrt(max(var, 0)), c_k = 1 - k / K):
 //   pre = Wq_k Q_k + Ws_k (c_k sigma) + b1_k,  h = SiLU(pre),  Q_{k+1} = Q_k + s (W2_k h + b2_k)
 // A step's parameters are packed as [Wq (H x A) | Ws (H x A) | b1 (H) | W2 (A x H) | b2 (A)] (DR_E
-// floats), step after step; each block copies them into shared memory from the five tensors
-// (w_q [K, H, A], w_sigma [K, H, A], b1 [K, H], w2 [K, A, H], b2 [K, A]).
+// floats), step after step, in the rows of partials; each block copies them into shared memory
+// from the five tensors (w_q [K, H, A], w_sigma [K, H, A], b1 [K, H], w2 [K, A, H], b2 [K, A]),
+// W2 there transposed (H x A): a hidden unit's A weights of each matrix are then contiguous and
+// aligned, read as float4s (a shared-memory load per weight bound the kernels at large batches,
+// where every load serves only the few rows of a warp that share the unit).
 //
-// Forward: a thread per sample, its row in registers, grid-stride over the batch.
-// Backward: a block takes tiles of DR_ROWS samples, a thread per sample. The thread recomputes its
-// row's forward (the steps' inputs Q_k kept in shared memory), then walks the steps backwards: it
-// writes the step's dpre, h and dQ_{k+1} of its row into shared memory, and after a barrier every
-// thread adds, over the tile's rows, the terms of the parameter-gradient entries it owns (entry e of
-// a step belongs to thread e mod DR_ROWS; outer products as dpre Q^T, dQ h^T), in float registers
-// that live across the tiles. At the end each block writes its sums (in double) as one row of
-// partials, and diffusion_refine_grad_reduce adds the rows in a fixed order: no atomics, the result
-// is the same bit for bit from run to run.
+// A row's hidden units are split into DR_SPLIT parts, part v holding the units v, v + DR_SPLIT, ...;
+// a part's share of W2 h (and, in the backward, of Wq^T dpre) is one chain of multiply-adds, and
+// the row's sum adds the DR_SPLIT shares in one fixed tree, ((p0 + p1) + (p2 + p3)) + (...). The
+// row belongs to DR_LANES consecutive lanes of a warp (a power of two dividing DR_SPLIT), lane t
+// holding the parts t DR_W ... t DR_W + DR_W - 1: the tree's lower levels are its own additions,
+// the upper ones a butterfly of shuffles, after which every lane holds the row's sum. So the bits
+// do not depend on DR_LANES (each exchange adds the same two values, whichever lane adds them),
+// and the wrapper picks the lanes by batch size: many lanes where a few thousand rows would leave
+// most of the device idle, few where the rows fill it and the shuffles would cost throughput.
+
+// Forward: blocks of DR_THREADS threads, DR_THREADS / DR_LANES rows at a time, grid-stride.
+// Backward: a block takes tiles of DR_ROWS rows (DR_ROWS x DR_LANES threads). Phase 1, per row:
+// the forward again (each step's input Q_k and h_k, and sigma, staged in shared memory, the
+// pre-activations of the lane's units kept in registers), then the steps backwards, staging each
+// step's dpre and dQ_{k+1}. Phase 2, after a barrier: every parameter gradient of the tile is an
+// entry of one of two outer products per step summed over the tile's rows,
+//   [dWq_k | dWs_k / c_k | db1_k] = dpre_k^T [Q_k | sigma | 1],   [dW2_k | db2_k] = s dQ_{k+1}^T [h_k | 1],
+// and each thread owns 4 x 4 tiles of them (float4 loads of both factors, 16 multiply-adds a row),
+// summed in registers over the tiles the block takes. At the end each block writes its sums (in
+// double) as one row of partials, and diffusion_refine_grad_reduce adds the rows in a fixed order:
+// no atomics, the result is the same bit for bit from run to run.
 
 #ifndef NUM_ACTIONS
 #define NUM_ACTIONS 12
@@ -29,35 +44,60 @@
 #ifndef DR_HIDDEN
 #define DR_HIDDEN 24
 #endif
+#ifndef DR_SPLIT
+#define DR_SPLIT 8       // parts of a row's hidden units (fixes the order of its sums)
+#endif
+#ifndef DR_LANES
+#define DR_LANES 8       // lanes per row: a power of two dividing DR_SPLIT
+#endif
 #ifndef DR_THREADS
-#define DR_THREADS 128   // forward: threads per block
+#define DR_THREADS 256   // forward: threads per block
 #endif
 #ifndef DR_ROWS
-#define DR_ROWS 64       // backward: threads per block = samples per tile
+#define DR_ROWS 32       // backward: rows per tile (threads per block: DR_ROWS x DR_LANES)
 #endif
 
 #define A_ NUM_ACTIONS
 #define H_ DR_HIDDEN
 #define K_ DR_STEPS
+#define G_ DR_LANES
+#define DR_W (DR_SPLIT / G_)                               // parts per lane
+#define DR_U ((H_ + DR_SPLIT - 1) / DR_SPLIT)              // hidden units per part
+#define DR_LU (DR_W * DR_U)                                // hidden units per lane
 #define DR_E (2 * H_ * A_ + H_ + A_ * H_ + A_)            // one step's parameters
 #define DR_P (K_ * DR_E)                                   // all of them: a row of partials
-#define DR_EPT ((DR_E + DR_ROWS - 1) / DR_ROWS)            // a backward thread's entries per step
-#define DR_MAX_ACC 256                                     // (local memory; cuda.py: MAX_ACC)
-#define DR_AS (A_ + 1)                                     // row strides in shared memory (odd:
-#define DR_HS (H_ + 1)                                     //  no bank conflicts on the row stores)
+#define DR_BT (DR_ROWS * G_)                               // backward: threads per block
+// The forward's blocks resident per SM (its launch bound): three (80 registers) where a lane has
+// at most 3 units, which fits them without spills, else two (cuda.py: forward_blocks_per_sm)
+#define DR_FORWARD_BLOCKS (DR_LU <= 3 ? 3 : 2)
+#define DR_UP4(n) (((n) + 3) / 4 * 4)
+// The backward's staging, per step and row (strides in floats, multiples of 4 for float4 loads;
+// the columns past the values hold zeros, the "1" columns ones, written once):
+#define DR_MS DR_UP4(H_)                                   //   dpre_k
+#define DR_NS DR_UP4(2 * A_ + 1)                           //   [Q_k | sigma | 1]
+#define DR_DS DR_UP4(A_)                                   //   dQ_{k+1}
+#define DR_HS DR_UP4(H_ + 1)                               //   [h_k | 1]
+#define DR_T1 ((DR_MS / 4) * (DR_NS / 4))                  // 4 x 4 tiles of a step's first product
+#define DR_T2 ((DR_DS / 4) * (DR_HS / 4))                  //   and of its second
+#define DR_TILES (K_ * (DR_T1 + DR_T2))
+#define DR_MT ((DR_TILES + DR_BT - 1) / DR_BT)             // tiles per thread
+#define DR_MAX_MT 8                                        // (16 sums each, in registers; cuda.py: MAX_TILES)
+#define DR_STAGE (K_ * DR_ROWS * (DR_MS + DR_NS + DR_DS + DR_HS))
 #define DR_REDUCE_WARPS 32                                 // the reduction's 1024 threads
-#define DR_BACKWARD_SMEM (4 * (DR_P + DR_ROWS * ((K_ + 2) * DR_AS + 2 * DR_HS) + 1))
+#define DR_BACKWARD_SMEM (4 * (DR_P + DR_STAGE))
 
-static_assert(DR_THREADS % 32 == 0 && DR_ROWS % 32 == 0, "whole warps (and DR_ROWS a multiple of 4)");
+static_assert(DR_SPLIT == 1 || DR_SPLIT == 2 || DR_SPLIT == 4 || DR_SPLIT == 8 || DR_SPLIT == 16 || DR_SPLIT == 32,
+              "DR_SPLIT: a power of two up to 32");
+static_assert(G_ >= 1 && G_ <= DR_SPLIT && DR_SPLIT % G_ == 0 && (G_ & (G_ - 1)) == 0,
+              "DR_LANES: a power of two dividing DR_SPLIT");
+static_assert(DR_THREADS % 32 == 0 && DR_BT % 32 == 0, "whole warps");
 static_assert(4 * DR_P <= 48 * 1024, "diffusion_refine_forward: the parameters exceed 48 KiB of shared memory");
 static_assert(DR_BACKWARD_SMEM <= 48 * 1024, "diffusion_refine_backward: over 48 KiB of shared memory");
-static_assert(K_ * DR_EPT <= DR_MAX_ACC, "diffusion_refine_backward: too many gradient entries per thread");
+static_assert(DR_MT <= DR_MAX_MT, "diffusion_refine_backward: too many gradient tiles per thread");
 
-__device__ __forceinline__ float dr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// A compiler barrier: shared memory is read again after it. Without it the compiler hoists the
-// loop-invariant weight loads out of the row loop and spills the thousands of values to local memory.
-__device__ __forceinline__ void dr_reload() { asm volatile("" ::: "memory"); }
+// The fast exponential and reciprocal (MUFU; a few ulp): the exact expf and division put a slow
+// path behind every hidden unit. For x below -88, e^-x is inf and the reciprocal 0.
+__device__ __forceinline__ float dr_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 // Tensor src ([K_, n], step after step) into step k's entries at..at + n - 1 of P, by NT threads:
 // every loop bound a compile-time constant, so each thread's loads are all in flight at once.
@@ -72,6 +112,19 @@ __device__ __forceinline__ void dr_copy(float* P, int at, const float* __restric
         }
 }
 
+// w2 [K_, A_, H_] into step k's entries at.. of P as W2^T (entry i A_ + j = w2[k, j, i]): read in
+// order, written scattered (once per block).
+template <int NT>
+__device__ __forceinline__ void dr_copy_transposed(float* P, int at, const float* __restrict__ src) {
+#pragma unroll
+    for (int k = 0; k < K_; ++k)
+#pragma unroll
+        for (int e0 = 0; e0 < A_ * H_; e0 += NT) {
+            const int e = e0 + (int)threadIdx.x;   // = j H_ + i
+            if (e < A_ * H_) P[k * DR_E + at + (e % H_) * A_ + e / H_] = src[k * A_ * H_ + e];
+        }
+}
+
 // The five tensors into the packed layout P (every thread of the block calls it; one barrier). A
 // loop over P's entries that chose each entry's tensor at run time waited for one load from L2
 // after another: at small batches, where the kernels are bound by latency, most of their time.
@@ -82,16 +135,23 @@ __device__ __forceinline__ void dr_load_params(float* P, const float* __restrict
     dr_copy<NT, H_ * A_>(P, 0, w_q);
     dr_copy<NT, H_ * A_>(P, H_ * A_, w_sigma);
     dr_copy<NT, H_>(P, 2 * H_ * A_, b1);
-    dr_copy<NT, A_ * H_>(P, 2 * H_ * A_ + H_, w2);
+    dr_copy_transposed<NT>(P, 2 * H_ * A_ + H_, w2);
     dr_copy<NT, A_>(P, 2 * H_ * A_ + H_ + A_ * H_, b2);
     __syncthreads();
 }
 
 __device__ __forceinline__ float dr_schedule(int k) { return 1.0f - (float)k / (float)K_; }
 
+// Whether hidden unit i exists (a compile-time true where DR_SPLIT divides H_).
+__device__ __forceinline__ bool dr_has(int i) { return H_ % DR_SPLIT == 0 || i < H_; }
+
+// Hidden unit u of the lane's part w (lane t of its row), and its slot among the lane's units.
+__device__ __forceinline__ int dr_unit(int t, int w, int u) { return t * DR_W + w + u * DR_SPLIT; }
+__device__ __forceinline__ constexpr int dr_slot(int w, int u) { return w * DR_U + u; }
+
 // Row b of q and var into registers: x = Q, sig = sqrt(max(var, 0)); zeros past the batch.
 __device__ __forceinline__ void dr_load_row(const float* __restrict__ q, const float* __restrict__ var,
-                                            long long b, int batch, float* x, float* sig) {
+                                            long long b, int batch, float (&x)[A_], float (&sig)[A_]) {
 #pragma unroll
     for (int a = 0; a < A_; ++a) {
         x[a] = b < batch ? q[b * A_ + a] : 0.0f;
@@ -99,40 +159,76 @@ __device__ __forceinline__ void dr_load_row(const float* __restrict__ q, const f
     }
 }
 
-// Hidden unit i of step k (parameters W) for the row x, with n = c_k sigma: its pre-activation.
-__device__ __forceinline__ float dr_unit(const float* W, int i, const float* x, const float* n) {
-    const float* wq = W + i * A_;
-    const float* ws = W + H_ * A_ + i * A_;
-    float a = W[2 * H_ * A_ + i];
+// The lane's parts W0 .. W0 + N - 1 added in the tree's order; part(w, r) writes part w's share.
+template <int W0, int N, class F>
+__device__ __forceinline__ void dr_tree(const F& part, float (&r)[A_]) {
+    if constexpr (N == 1) {
+        part(W0, r);
+    } else {
+        float r2[A_];
+        dr_tree<W0, N / 2>(part, r);
+        dr_tree<W0 + N / 2, N / 2>(part, r2);
 #pragma unroll
-    for (int j = 0; j < A_; ++j) a = fmaf(wq[j], x[j], a);
-#pragma unroll
-    for (int j = 0; j < A_; ++j) a = fmaf(ws[j], n[j], a);
-    return a;
+        for (int j = 0; j < A_; ++j) r[j] += r2[j];
+    }
 }
 
-// One step in place: x <- x + s (W2 SiLU(pre) + b2), unit by unit (few registers live).
-__device__ __forceinline__ void dr_step(const float* W, int k, float s, float* x, const float* sig) {
+// The row's sum of its DR_SPLIT parts' shares, in every one of its lanes (the same bits in each).
+template <class F>
+__device__ __forceinline__ void dr_row_sum(const F& part, float (&r)[A_]) {
+    dr_tree<0, DR_W>(part, r);
+#pragma unroll
+    for (int m = 1; m < G_; m <<= 1)
+#pragma unroll
+        for (int j = 0; j < A_; ++j) r[j] += __shfl_xor_sync(0xffffffffu, r[j], m);
+}
+
+// Step k (parameters W) of the row x by lane t: the pre-activations of its units into pre (0 for a
+// unit past H_), their h into hs[i] where hs is given, and, with UPDATE, x <- x + s (W2 h + b2).
+template <bool UPDATE>
+__device__ __forceinline__ void dr_step(const float* W, int k, int t, float s, float (&x)[A_], const float (&sig)[A_],
+                                        float (&pre)[DR_LU], float* hs) {
     const float* w2 = W + 2 * H_ * A_ + H_;
-    const float* b2 = w2 + A_ * H_;
     float n[A_], r[A_];
 #pragma unroll
-    for (int j = 0; j < A_; ++j) {
-        n[j] = dr_schedule(k) * sig[j];
-        r[j] = b2[j];
-    }
-#pragma unroll 4
-    for (int i = 0; i < H_; ++i) {
-        const float a = dr_unit(W, i, x, n);
-        const float h = a * dr_sigmoid(a);
+    for (int j = 0; j < A_; ++j) n[j] = dr_schedule(k) * sig[j];
+    auto part = [&](int w, float (&rp)[A_]) {
 #pragma unroll
-        for (int j = 0; j < A_; ++j) r[j] = fmaf(w2[j * H_ + i], h, r[j]);
-    }
+        for (int j = 0; j < A_; ++j) rp[j] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < A_; ++j) x[j] = fmaf(s, r[j], x[j]);
+        for (int u = 0; u < DR_U; ++u) {
+            const int i = dr_unit(t, w, u);
+            pre[dr_slot(w, u)] = 0.0f;
+            if (dr_has(i)) {
+                const float* wq = W + i * A_;
+                const float* ws = W + H_ * A_ + i * A_;
+                const float* w2t = w2 + i * A_;
+                float a = W[2 * H_ * A_ + i];
+#pragma unroll
+                for (int j = 0; j < A_; ++j) a = fmaf(wq[j], x[j], a);
+#pragma unroll
+                for (int j = 0; j < A_; ++j) a = fmaf(ws[j], n[j], a);
+                const float h = a * dr_sigmoid(a);
+                pre[dr_slot(w, u)] = a;
+                if (hs != nullptr) hs[i] = h;
+#pragma unroll
+                for (int j = 0; j < A_; ++j) rp[j] = fmaf(w2t[j], h, rp[j]);
+            }
+        }
+    };
+    if (UPDATE) {
+        const float* b2 = w2 + A_ * H_;
+        dr_row_sum(part, r);
+#pragma unroll
+        for (int j = 0; j < A_; ++j) x[j] = fmaf(s, r[j] + b2[j], x[j]);
+    } else {
+        // The last step of the backward's recompute: only the pre-activations and h.
+#pragma unroll
+        for (int w = 0; w < DR_W; ++w) part(w, r);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(DR_THREADS) diffusion_refine_forward(
+extern "C" __global__ void __launch_bounds__(DR_THREADS, DR_FORWARD_BLOCKS) diffusion_refine_forward(
     const float* __restrict__ q,     // [B, A] input Q
     const float* __restrict__ var,   // [B, A] Var[Q]
     float* __restrict__ out,         // [B, A] refined Q; must alias neither input
@@ -143,38 +239,84 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) diffusion_refine_forwar
 {
     __shared__ __align__(16) float P[DR_P];
     dr_load_params<DR_THREADS>(P, w_q, w_sigma, b1, w2, b2);
-    const long long stride = (long long)gridDim.x * DR_THREADS;
-    for (long long b = (long long)blockIdx.x * DR_THREADS + threadIdx.x; b < batch; b += stride) {
-        dr_reload();
-        float x[A_], sig[A_];
+    constexpr int rows = DR_THREADS / G_;
+    const int t = threadIdx.x % G_;
+    // The loop is uniform over the block (its rows past the batch run on zeros): every lane of a
+    // warp takes part in the shuffles.
+    for (long long b0 = (long long)blockIdx.x * rows; b0 < batch; b0 += (long long)gridDim.x * rows) {
+        const long long b = b0 + threadIdx.x / G_;
+        float x[A_], sig[A_], pre[DR_LU];
         dr_load_row(q, var, b, batch, x, sig);
 #pragma unroll
-        for (int k = 0; k < K_; ++k) dr_step(P + k * DR_E, k, step_scale, x, sig);
+        for (int k = 0; k < K_; ++k) dr_step<true>(P + k * DR_E, k, t, step_scale, x, sig, pre, nullptr);
+        if (b < batch)
 #pragma unroll
-        for (int a = 0; a < A_; ++a) out[b * A_ + a] = x[a];
+            for (int a = 0; a < A_; ++a)
+                if (a % G_ == t) out[b * A_ + a] = x[a];
     }
 }
 
-// Where the row terms of step-local entry e live: the entry's sum over the tile's rows r is
-// sum_r a[r * sa] * b[r * sb] (sb = 0 and b = the shared 1.0 for a bias).
-struct DrEntry {
+// The backward's staging in shared memory: per step k and tile row r, rows of the two outer
+// products' factors.
+struct DrStage {
+    float* m1;   // [K_][DR_ROWS][DR_MS]  dpre_k
+    float* n1;   // [K_][DR_ROWS][DR_NS]  [Q_k | sigma | 1]
+    float* m2;   // [K_][DR_ROWS][DR_DS]  dQ_{k+1}
+    float* n2;   // [K_][DR_ROWS][DR_HS]  [h_k | 1]
+};
+
+// Gradient tile m (< DR_TILES) of a step's products: its step, the factors' first rows and strides,
+// and its first entry (row i0, column j0 of the product). first: whether it is of dpre^T [Q | sigma | 1].
+struct DrTile {
+    int k, i0, j0;
+    bool first;
     const float* a;
     const float* b;
     int sa, sb;
 };
 
-__device__ __forceinline__ DrEntry dr_entry(int e, const float* dpre, const float* qk, const float* sig,
-                                            const float* h, const float* dqn, const float* one) {
-    constexpr int HA = H_ * A_;
-    if (e < HA) return {dpre + e / A_, qk + e % A_, DR_HS, DR_AS};                       // Wq
-    if (e < 2 * HA) return {dpre + (e - HA) / A_, sig + (e - HA) % A_, DR_HS, DR_AS};    // Ws (x c_k)
-    if (e < 2 * HA + H_) return {dpre + e - 2 * HA, one, DR_HS, 0};                     // b1
-    const int f = e - 2 * HA - H_;
-    if (f < A_ * H_) return {dqn + f / H_, h + f % H_, DR_AS, DR_HS};                   // W2 (x s)
-    return {dqn + f - A_ * H_, one, DR_AS, 0};                                          // b2 (x s)
+__device__ __forceinline__ DrTile dr_tile(const DrStage& S, int m) {
+    DrTile T;
+    T.first = m < K_ * DR_T1;
+    if (T.first) {
+        T.k = m / DR_T1;
+        const int w = m % DR_T1;
+        T.i0 = 4 * (w / (DR_NS / 4));
+        T.j0 = 4 * (w % (DR_NS / 4));
+        T.a = S.m1 + T.k * DR_ROWS * DR_MS + T.i0;
+        T.b = S.n1 + T.k * DR_ROWS * DR_NS + T.j0;
+        T.sa = DR_MS, T.sb = DR_NS;
+    } else {
+        const int m2 = m - K_ * DR_T1;
+        T.k = m2 / DR_T2;
+        const int w = m2 % DR_T2;
+        T.i0 = 4 * (w / (DR_HS / 4));
+        T.j0 = 4 * (w % (DR_HS / 4));
+        T.a = S.m2 + T.k * DR_ROWS * DR_DS + T.i0;
+        T.b = S.n2 + T.k * DR_ROWS * DR_HS + T.j0;
+        T.sa = DR_DS, T.sb = DR_HS;
+    }
+    return T;
 }
 
-extern "C" __global__ void __launch_bounds__(DR_ROWS) diffusion_refine_backward(
+// Entry (i, j) of tile T's product as the packed step entry e and the factor it takes (c_k for Ws,
+// s for W2 and b2); -1 for the padding.
+__device__ __forceinline__ int dr_entry(const DrTile& T, int i, int j, float s, double* f) {
+    *f = 1.0;
+    if (T.first) {
+        if (i >= H_ || j > 2 * A_) return -1;
+        if (j < A_) return i * A_ + j;                 // Wq
+        if (j == 2 * A_) return 2 * H_ * A_ + i;       // b1
+        *f = (double)dr_schedule(T.k);                 // Ws
+        return H_ * A_ + i * A_ + j - A_;
+    }
+    if (i >= A_ || j > H_) return -1;
+    *f = (double)s;
+    if (j < H_) return 2 * H_ * A_ + H_ + i * H_ + j;  // W2
+    return 2 * H_ * A_ + H_ + A_ * H_ + i;             // b2
+}
+
+extern "C" __global__ void __launch_bounds__(DR_BT, 2) diffusion_refine_backward(
     const float* __restrict__ q,     // [B, A] the forward's input
     const float* __restrict__ var,   // [B, A]
     const float* __restrict__ dy,    // [B, A] dloss / d output
@@ -186,114 +328,121 @@ extern "C" __global__ void __launch_bounds__(DR_ROWS) diffusion_refine_backward(
     const float* __restrict__ w2, const float* __restrict__ b2)
 {
     __shared__ __align__(16) float P[DR_P];
-    __shared__ float sig_s[DR_ROWS * DR_AS];
-    __shared__ float qk_s[K_ * DR_ROWS * DR_AS];   // each step's input Q_k, per row
-    __shared__ float dpre_s[DR_ROWS * DR_HS];
-    __shared__ float h_s[DR_ROWS * DR_HS];
-    __shared__ float dqn_s[DR_ROWS * DR_AS];       // dQ_{k+1}
-    __shared__ float one_s;
-    if (threadIdx.x == 0) one_s = 1.0f;
-    dr_load_params<DR_ROWS>(P, w_q, w_sigma, b1, w2, b2);
+    __shared__ __align__(16) float stage[DR_STAGE];
+    const DrStage S{stage, stage + K_ * DR_ROWS * DR_MS, stage + K_ * DR_ROWS * (DR_MS + DR_NS),
+                    stage + K_ * DR_ROWS * (DR_MS + DR_NS + DR_DS)};
+    // The padding columns (zeros) and the "1" columns, which phase 1 never writes.
+    for (int e = threadIdx.x; e < K_ * DR_ROWS; e += DR_BT) {
+        for (int c = H_; c < DR_MS; ++c) S.m1[e * DR_MS + c] = 0.0f;
+        for (int c = 2 * A_; c < DR_NS; ++c) S.n1[e * DR_NS + c] = c == 2 * A_ ? 1.0f : 0.0f;
+        for (int c = A_; c < DR_DS; ++c) S.m2[e * DR_DS + c] = 0.0f;
+        for (int c = H_; c < DR_HS; ++c) S.n2[e * DR_HS + c] = c == H_ ? 1.0f : 0.0f;
+    }
+    dr_load_params<DR_BT>(P, w_q, w_sigma, b1, w2, b2);   // (its barrier covers the writes above)
 
-    const int r = threadIdx.x;
-    float acc[K_][DR_EPT];
+    const int r = threadIdx.x / G_, t = threadIdx.x % G_;
+    const float s = step_scale;
+    float acc[DR_MT][16];
 #pragma unroll
-    for (int k = 0; k < K_; ++k)
+    for (int u = 0; u < DR_MT; ++u)
 #pragma unroll
-        for (int u = 0; u < DR_EPT; ++u) acc[k][u] = 0.0f;
+        for (int e = 0; e < 16; ++e) acc[u][e] = 0.0f;
 
     const int tiles = (batch + DR_ROWS - 1) / DR_ROWS;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {   // uniform over the block
-        dr_reload();
+        // Phase 1: this row's forward again, then its steps backwards.
         const long long b = (long long)tile * DR_ROWS + r;
-        float x[A_], sig[A_], g[A_];
+        float x[A_], sig[A_], g[A_], pre[K_][DR_LU];
         dr_load_row(q, var, b, batch, x, sig);
 #pragma unroll
-        for (int a = 0; a < A_; ++a) {
-            sig_s[r * DR_AS + a] = sig[a];
-            g[a] = b < batch ? dy[b * A_ + a] : 0.0f;   // a padded row adds exact zeros
-        }
+        for (int a = 0; a < A_; ++a) g[a] = b < batch ? dy[b * A_ + a] : 0.0f;   // a padded row adds exact zeros
 #pragma unroll
         for (int k = 0; k < K_; ++k) {
+            float* n1 = S.n1 + (k * DR_ROWS + r) * DR_NS;
 #pragma unroll
-            for (int a = 0; a < A_; ++a) qk_s[(k * DR_ROWS + r) * DR_AS + a] = x[a];
-            if (k + 1 < K_) dr_step(P + k * DR_E, k, step_scale, x, sig);
+            for (int a = 0; a < A_; ++a)
+                if (a % G_ == t) n1[a] = x[a], n1[A_ + a] = sig[a];
+            float* hs = S.n2 + (k * DR_ROWS + r) * DR_HS;
+            if (k + 1 < K_)
+                dr_step<true>(P + k * DR_E, k, t, s, x, sig, pre[k], hs);
+            else
+                dr_step<false>(P + k * DR_E, k, t, s, x, sig, pre[k], hs);
         }
 #pragma unroll
         for (int k = K_ - 1; k >= 0; --k) {
             const float* W = P + k * DR_E;
-            const float* wq = W;
-            const float* w2 = W + 2 * H_ * A_ + H_;
+            const float* w2k = W + 2 * H_ * A_ + H_;
+            float* m1 = S.m1 + (k * DR_ROWS + r) * DR_MS;
+            float* m2 = S.m2 + (k * DR_ROWS + r) * DR_DS;
 #pragma unroll
-            for (int a = 0; a < A_; ++a) x[a] = qk_s[(k * DR_ROWS + r) * DR_AS + a];
-            // Unit by unit: h and dpre into shared memory, dQ_k = dQ_{k+1} + Wq^T dpre into gn.
-            float n[A_], gn[A_];
+            for (int a = 0; a < A_; ++a)
+                if (a % G_ == t) m2[a] = g[a];   // dQ_{k+1}
+            float gn[A_];   // Wq^T dpre
+            auto part = [&](int w, float (&rp)[A_]) {
 #pragma unroll
-            for (int j = 0; j < A_; ++j) {
-                n[j] = dr_schedule(k) * sig[j];
-                gn[j] = g[j];
-            }
-#pragma unroll 4
-            for (int i = 0; i < H_; ++i) {
-                const float a = dr_unit(W, i, x, n);
-                float dh = 0.0f;   // (W2^T dQ_{k+1})_i
+                for (int j = 0; j < A_; ++j) rp[j] = 0.0f;
 #pragma unroll
-                for (int j = 0; j < A_; ++j) dh = fmaf(w2[j * H_ + i], g[j], dh);
-                const float gi = dr_sigmoid(a);
-                const float dp = step_scale * dh * (gi * (1.0f + a * (1.0f - gi)));   // SiLU'
-                h_s[r * DR_HS + i] = a * gi;
-                dpre_s[r * DR_HS + i] = dp;
+                for (int u = 0; u < DR_U; ++u) {
+                    const int i = dr_unit(t, w, u);
+                    if (dr_has(i)) {
+                        float dh = 0.0f;   // (W2^T dQ_{k+1})_i
 #pragma unroll
-                for (int j = 0; j < A_; ++j) gn[j] = fmaf(dp, wq[i * A_ + j], gn[j]);
-            }
+                        for (int j = 0; j < A_; ++j) dh = fmaf(w2k[i * A_ + j], g[j], dh);
+                        const float a = pre[k][dr_slot(w, u)], gi = dr_sigmoid(a);
+                        const float dp = s * dh * (gi * (1.0f + a * (1.0f - gi)));   // SiLU'
+                        m1[i] = dp;
 #pragma unroll
-            for (int a = 0; a < A_; ++a) {
-                dqn_s[r * DR_AS + a] = g[a];
-                g[a] = gn[a];   // dQ_k
-            }
-            __syncthreads();
-            // The entries this thread owns, over the tile's rows.
-            // (Not unrolled over the entries: unrolled, the compiler interleaves all of them and
-            // spills; acc then lives in local memory, a few cached accesses per entry and tile.)
-            const float* qk = qk_s + k * DR_ROWS * DR_AS;
-#pragma unroll 1
-            for (int u = 0; u < DR_EPT; ++u) {
-                const int e = r + u * DR_ROWS;
-                if (e < DR_E) {
-                    const DrEntry t = dr_entry(e, dpre_s, qk, sig_s, h_s, dqn_s, &one_s);
-                    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;   // four chains: more in flight
-#pragma unroll 2
-                    for (int rr = 0; rr < DR_ROWS; rr += 4) {
-                        s0 = fmaf(t.a[rr * t.sa], t.b[rr * t.sb], s0);
-                        s1 = fmaf(t.a[(rr + 1) * t.sa], t.b[(rr + 1) * t.sb], s1);
-                        s2 = fmaf(t.a[(rr + 2) * t.sa], t.b[(rr + 2) * t.sb], s2);
-                        s3 = fmaf(t.a[(rr + 3) * t.sa], t.b[(rr + 3) * t.sb], s3);
+                        for (int j = 0; j < A_; ++j) rp[j] = fmaf(dp, W[i * A_ + j], rp[j]);
                     }
-                    acc[k][u] += (s0 + s1) + (s2 + s3);
+                }
+            };
+            dr_row_sum(part, gn);
+#pragma unroll
+            for (int j = 0; j < A_; ++j) g[j] += gn[j];   // dQ_k
+        }
+        if (b < batch)
+#pragma unroll
+            for (int a = 0; a < A_; ++a)
+                if (a % G_ == t) dq[b * A_ + a] = g[a];
+        __syncthreads();
+
+        // Phase 2: this thread's gradient tiles over the tile's rows.
+#pragma unroll
+        for (int u = 0; u < DR_MT; ++u) {
+            const int m = threadIdx.x + u * DR_BT;
+            if (m < DR_TILES) {
+                const DrTile T = dr_tile(S, m);
+#pragma unroll 4
+                for (int rr = 0; rr < DR_ROWS; ++rr) {
+                    const float4 fa = *reinterpret_cast<const float4*>(T.a + rr * T.sa);
+                    const float4 fb = *reinterpret_cast<const float4*>(T.b + rr * T.sb);
+                    const float va[4] = {fa.x, fa.y, fa.z, fa.w}, vb[4] = {fb.x, fb.y, fb.z, fb.w};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[u][4 * i + j] = fmaf(va[i], vb[j], acc[u][4 * i + j]);
                 }
             }
-            __syncthreads();
         }
-        if (b < batch) {
-#pragma unroll
-            for (int a = 0; a < A_; ++a) dq[b * A_ + a] = g[a];
-        }
+        __syncthreads();   // before the next tile's phase 1 writes the staging again
     }
-    // The block's row of partials: Ws's entries times c_k, W2's and b2's times s (their row terms
-    // above are dQ_{k+1} h^T and dQ_{k+1}, without the step scale).
+    // The block's row of partials: each tile's entries, Ws's times c_k, W2's and b2's times s.
     double* row = partials + (long long)blockIdx.x * DR_P;
 #pragma unroll
-    for (int k = 0; k < K_; ++k)
+    for (int u = 0; u < DR_MT; ++u) {
+        const int m = threadIdx.x + u * DR_BT;
+        if (m < DR_TILES) {
+            const DrTile T = dr_tile(S, m);
 #pragma unroll
-        for (int u = 0; u < DR_EPT; ++u) {
-            const int e = r + u * DR_ROWS;
-            if (e < DR_E) {
-                double f = 1.0;
-                if (e >= H_ * A_ && e < 2 * H_ * A_) f = (double)dr_schedule(k);
-                if (e >= 2 * H_ * A_ + H_) f = (double)step_scale;
-                row[k * DR_E + e] = (double)acc[k][u] * f;
-            }
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    double f;
+                    const int e = dr_entry(T, T.i0 + i, T.j0 + j, s, &f);
+                    if (e >= 0) row[T.k * DR_E + e] = (double)acc[u][4 * i + j] * f;
+                }
         }
+    }
 }
 
 // Entry p of the packed gradient = sum_k partials[k, p] in a fixed order: a block of 32 warps takes
