@@ -14,8 +14,9 @@ diffusion_refine at its defaults), the median µs, replayed from a captured CUDA
 
 and the update share as a percentage of the stage-0 update at that batch size (``--stage0-ms``;
 the defaults are the H200 figures of issue 22: 0.507, 1.243, 4.058 ms). A second table times
-diffusion_refine's forward and backward at each choice of lanes per sample (the same bits either
-way; ``foxhunt_diffusion_refine.cuda`` picks by batch size from these figures). The whole update with a
+diffusion_refine's forward and backward at each choice of lanes per sample and of samples per
+forward thread (the same bits either way; ``foxhunt_diffusion_refine.cuda`` picks by batch size from
+these figures). The whole update with a
 flag set's stages is what ``benchmarks/bench_update.py --flags FILE`` times; this script isolates
 the plugins' own kernels. The inputs are random and fixed.
 """
@@ -45,7 +46,7 @@ def _stage(name: str, use_kernel: bool):
     return DiffusionRefineStage(sum(SIZES), use_cuda_kernel=use_kernel)
 
 
-def cases(name: str, B: int, lanes: int | None = None) -> dict:
+def cases(name: str, B: int, lanes: int | None = None, rows: int | None = None) -> dict:
     import cupy as cp
 
 
@@ -75,7 +76,7 @@ def cases(name: str, B: int, lanes: int | None = None) -> dict:
         ws = C.new_workspace(A, st.steps, st.hidden)
 
         def fwd(q):
-            return C.forward_cuda(q, var, params, st.step_scale, out=out, lanes=lanes)
+            return C.forward_cuda(q, var, params, st.step_scale, out=out, lanes=lanes, rows=rows)
 
         def bwd():
             return C.backward_cuda(q_s, var, dy, params, st.step_scale, dq=dq, grads=slots, workspace=ws,
@@ -104,13 +105,17 @@ def main() -> None:
     from foxhunt_diffusion_refine import cuda as C
 
     print()
-    print("| diffusion_refine | B | lanes | forward µs | backward µs | chosen (forward, backward) |")
-    print("|---|---|---|---|---|---|")
+    print("| diffusion_refine | B | lanes | forward rows a thread | forward µs | backward µs "
+          "| chosen (forward lanes, rows; backward lanes) |")
+    print("|---|---|---|---|---|---|---|")
     for B in args.batches:
+        chosen = f"{C.forward_lanes(B)}, {C.forward_rows(B)}; {C.backward_lanes(B)}"
         for lanes in (C.LANES, C.FEW_LANES):
-            c = cases("diffusion_refine", B, lanes)
-            f, b = graph_us(c["forward"], args.repeats), graph_us(c["backward"], args.repeats)
-            print(f"| | {B} | {lanes} | {f:.1f} | {b:.1f} | {C.forward_lanes(B)}, {C.backward_lanes(B)} |", flush=True)
+            for rows in (1, 2):
+                c = cases("diffusion_refine", B, lanes, rows)
+                f = graph_us(c["forward"], args.repeats)
+                b = graph_us(c["backward"], args.repeats) if rows == 1 else float("nan")
+                print(f"| | {B} | {lanes} | {rows} | {f:.1f} | {b:.1f} | {chosen} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ wrapper                 kernels                                 NumPy twin      
 ``forward_cuda``        diffusion_refine_forward                ``refine.forward``   8 or 4 lanes per sample
                                                                                      (by batch size), the
                                                                                      hidden units split over
-                                                                                     them
+                                                                                     them; 1 or 2 samples a
+                                                                                     thread (by batch size)
 ``backward_cuda``       diffusion_refine_backward,              ``refine.backward``  the same, tiles of
                         diffusion_refine_grad_reduce                                 ``rows``; 4 x 4 gradient
                                                                                      tiles per thread, block
@@ -19,7 +20,8 @@ exist for the sizes where their shared memory (static, at most 48 KiB) and the b
 tiles per thread fit (:func:`backward_rows`; the .cu's static_asserts say the same). The lanes a
 sample takes are compile-time too (a module per choice); the result's bits do not depend on them
 (the .cu's header says why), so the wrappers choose them by batch size (:func:`forward_lanes`,
-:func:`backward_lanes`; the figures behind the choice are in BENCHMARKS.md). The wrappers
+:func:`backward_lanes`), and so the samples a forward thread takes at once (:func:`forward_rows`;
+the figures behind both choices are in BENCHMARKS.md). The wrappers
 check dtype, shape and contiguity (errors name the kernel), accept preallocated outputs and then
 neither allocate nor synchronize, so they run inside a captured CUDA graph. The backward's workspace
 comes from :func:`new_workspace` (allocate once, before capture). No CuPy import at import time.
@@ -47,6 +49,9 @@ FEW_LANES = 4  # and where the batch fills the device (kernels/diffusion_refine.
 # None: never.
 FORWARD_FEW_LANES_FROM: int | None = 16384
 BACKWARD_FEW_LANES_FROM: int | None = 16384
+# The batch size from which a forward thread takes two samples (DR_RPT: each weight it loads then
+# serves both), None: never.
+FORWARD_TWO_ROWS_FROM: int | None = 16384
 THREADS = 256  # DR_THREADS: the forward's block
 ROW_CHOICES = (32, 16, 8)  # DR_ROWS: the backward's tile (blocks of rows x lanes threads), the largest that fits
 MAX_TILES = 8  # DR_MAX_MT: 4 x 4 gradient tiles per backward thread (16 sums each, in registers)
@@ -96,10 +101,10 @@ def backward_rows(actions: int, steps: int, hidden: int, lanes: int = LANES) -> 
     return None
 
 
-def forward_blocks_per_sm(hidden: int, lanes: int = LANES) -> int:
+def forward_blocks_per_sm(hidden: int, lanes: int = LANES, rows: int = 1) -> int:
     """The forward's launch bound (the .cu's DR_FORWARD_BLOCKS): three blocks of 80 registers where
-    a lane takes at most 3 hidden units, else two."""
-    return 3 if SPLIT // lanes * -(-hidden // SPLIT) <= 3 else 2
+    a lane takes at most 3 hidden units of one sample, else two."""
+    return 3 if SPLIT // lanes * -(-hidden // SPLIT) <= 3 and rows == 1 else 2
 
 
 def _lanes(batch: int, few_from: int | None, sizes: tuple[int, int, int]) -> int:
@@ -118,21 +123,29 @@ def backward_lanes(batch: int, sizes: tuple[int, int, int] = (12, 3, 24)) -> int
     return _lanes(batch, BACKWARD_FEW_LANES_FROM, sizes)
 
 
-def defines(actions: int, steps: int, hidden: int, lanes: int = LANES) -> dict[str, str]:
+def forward_rows(batch: int) -> int:
+    """The samples a forward thread takes at once at this batch size (1 or 2)."""
+    return 2 if FORWARD_TWO_ROWS_FROM is not None and batch >= FORWARD_TWO_ROWS_FROM else 1
+
+
+def defines(actions: int, steps: int, hidden: int, lanes: int = LANES, rows: int = 1) -> dict[str, str]:
+    """The .cu's compile-time sizes; ``rows``: the samples a forward thread takes (DR_RPT)."""
     if lanes not in (LANES, FEW_LANES):
         raise ValueError(f"diffusion_refine: lanes must be {LANES} or {FEW_LANES}, not {lanes}")
-    rows = backward_rows(actions, steps, hidden, lanes)
-    if rows is None:
+    if rows not in (1, 2):
+        raise ValueError(f"diffusion_refine: a forward thread takes 1 or 2 samples, not {rows}")
+    tile = backward_rows(actions, steps, hidden, lanes)
+    if tile is None:
         raise ValueError(f"diffusion_refine: no kernel for {actions} actions, {steps} steps, hidden {hidden} "
                          f"at {lanes} lanes a sample (shared memory or registers)")
     return {"NUM_ACTIONS": str(actions), "DR_STEPS": str(steps), "DR_HIDDEN": str(hidden), "DR_SPLIT": str(SPLIT),
-            "DR_LANES": str(lanes), "DR_THREADS": str(THREADS), "DR_ROWS": str(rows)}
+            "DR_LANES": str(lanes), "DR_THREADS": str(THREADS), "DR_ROWS": str(tile), "DR_RPT": str(rows)}
 
 
-def _kernel(name: str, sizes: tuple[int, int, int], lanes: int = LANES) -> Any:
+def _kernel(name: str, sizes: tuple[int, int, int], lanes: int = LANES, rows: int = 1) -> Any:
     import cupy
 
-    defs = defines(*sizes, lanes)
+    defs = defines(*sizes, lanes, rows)
     key = (cupy.cuda.Device().id, name, tuple(sorted(defs.items())))
     fn = _FUNCS.get(key)
     if fn is None:
@@ -160,17 +173,20 @@ def _setup(k: str, q: Array, var: Array, params: Mapping[str, Array]) -> tuple[i
 
 
 def forward_cuda(q: Array, var: Array, params: Mapping[str, Array], step_scale: float, *,
-                 out: Array | None = None, lanes: int | None = None) -> Array:
+                 out: Array | None = None, lanes: int | None = None, rows: int | None = None) -> Array:
     """Refined Q [B, A] from Q and Var[Q] [B, A] (``refine.forward``); ``out`` aliases neither input.
-    ``lanes``: per sample, :func:`forward_lanes` where not given (the same bits either way)."""
+    ``lanes`` per sample and ``rows`` (samples a thread takes): :func:`forward_lanes` and
+    :func:`forward_rows` where not given (the same bits either way)."""
     k = "diffusion_refine_forward"
     B, sizes, tensors = _setup(k, q, var, params)
     out = output(k, "out", out, tuple(q.shape))
     if out.data.ptr in (q.data.ptr, var.data.ptr):
         raise ValueError(f"{k}: out must alias neither q nor var")
     lanes = forward_lanes(B, sizes) if lanes is None else lanes
-    fn = _kernel(k, sizes, lanes)
-    fn((blocks_for(B, THREADS // lanes, forward_blocks_per_sm(sizes[2], lanes) * sm_count()),), (THREADS,),
+    rows = forward_rows(B) if rows is None else rows
+    fn = _kernel(k, sizes, lanes, rows)
+    fn((blocks_for(B, THREADS // lanes * rows, forward_blocks_per_sm(sizes[2], lanes, rows) * sm_count()),),
+       (THREADS,),
        (q, var, out, i32(B), f32(step_scale), *tensors))
     return out
 

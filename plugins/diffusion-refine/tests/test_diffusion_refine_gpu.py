@@ -65,33 +65,40 @@ def test_kernels_match_the_float64_twin(A, K, H, batch):
 
 
 @pytest.mark.parametrize("batch", [129, 65_539])
-def test_the_bits_do_not_depend_on_the_lanes_and_both_match_the_twin(batch):
-    """The wrappers choose 8 or 4 lanes a sample by batch size: both give the same bits (a
-    sample's sums are added in one tree whichever lanes add them), and both match the twin."""
+def test_the_bits_do_not_depend_on_the_lanes_or_the_rows_and_all_match_the_twin(batch):
+    """The wrappers choose 8 or 4 lanes a sample, and 1 or 2 samples a forward thread, by batch
+    size: every choice gives the same bits (a sample's sums are added in one tree whichever lanes
+    add them, and a thread's samples do not share arithmetic), and all match the twin."""
     import cupy as cp
     from foxhunt_diffusion_refine.cuda import FEW_LANES, LANES, backward_cuda, forward_cuda
 
     q, var, dy, p, seed = _fresh(12, 3, 24, batch)
     dev = {k: cp.asarray(v) for k, v in p.items()}
     dq_, dv, ddy = cp.asarray(q), cp.asarray(var), cp.asarray(dy)
-    res = {}
+    outs = {}
     for lanes in (LANES, FEW_LANES):
-        out = forward_cuda(dq_, dv, dev, 0.1, out=cp.full_like(dq_, cp.nan), lanes=lanes)
+        for rows in (1, 2):
+            outs[lanes, rows] = forward_cuda(dq_, dv, dev, 0.1, out=cp.full_like(dq_, cp.nan), lanes=lanes,
+                                             rows=rows).get()
+    back = {}
+    for lanes in (LANES, FEW_LANES):
         dq, g = backward_cuda(dq_, dv, ddy, dev, 0.1, dq=cp.full_like(dq_, cp.nan),
                               grads={k: cp.full_like(v, cp.nan) for k, v in dev.items()}, lanes=lanes)
-        res[lanes] = (out.get(), dq.get(), {k: v.get() for k, v in g.items()})
-    a, b = res[LANES], res[FEW_LANES]
-    np.testing.assert_array_equal(a[0], b[0], err_msg=f"forward (seed {seed})")
-    np.testing.assert_array_equal(a[1], b[1], err_msg=f"dq (seed {seed})")
-    for k in a[2]:
-        np.testing.assert_array_equal(a[2][k], b[2][k], err_msg=f"{k} (seed {seed})")
+        back[lanes] = (dq.get(), {k: v.get() for k, v in g.items()})
+    first = outs[LANES, 1]
+    for key, out in outs.items():
+        np.testing.assert_array_equal(out, first, err_msg=f"forward {key} (seed {seed})")
+    a, b = back[LANES], back[FEW_LANES]
+    np.testing.assert_array_equal(a[0], b[0], err_msg=f"dq (seed {seed})")
+    for k in a[1]:
+        np.testing.assert_array_equal(a[1][k], b[1][k], err_msg=f"{k} (seed {seed})")
     p64 = {k: v.astype(np.float64) for k, v in p.items()}
     ref, cache = refine.forward(np, p64, q.astype(np.float64), var.astype(np.float64), 0.1)
     dref, gref = refine.backward(np, p64, cache, dy.astype(np.float64))
-    assert np.isfinite(b[0]).all() and _rel(b[0], ref) < TOL_Q, f"forward (seed {seed})"
-    assert np.isfinite(b[1]).all() and _rel(b[1], dref) < TOL_Q, f"dq (seed {seed})"
+    assert np.isfinite(first).all() and _rel(first, ref) < TOL_Q, f"forward (seed {seed})"
+    assert np.isfinite(b[0]).all() and _rel(b[0], dref) < TOL_Q, f"dq (seed {seed})"
     for k in gref:
-        assert np.isfinite(b[2][k]).all() and _rel(b[2][k], gref[k]) < TOL_GRAD, f"{k} (seed {seed})"
+        assert np.isfinite(b[1][k]).all() and _rel(b[1][k], gref[k]) < TOL_GRAD, f"{k} (seed {seed})"
 
 
 def test_gradients_are_bitwise_reproducible_and_the_stage_uses_the_kernels():

@@ -39,16 +39,17 @@ def _nvcc(defines: dict, tmp_path) -> subprocess.CompletedProcess:
 
 @needs_nvcc
 # tiles of 32, 16, 32 and 16 rows; 1, 3, 1 and 2 gradient tiles a thread; then 8 rows, 8 tiles;
-# the defaults at 4 lanes a sample (32 rows, 2 tiles a thread)
-@pytest.mark.parametrize(("A", "K", "H", "lanes", "spills"), [
-    (12, 3, 24, 8, False), (12, 3, 48, 8, False), (7, 2, 8, 8, False), (12, 4, 24, 8, False),
-    (12, 3, 64, 8, True), (12, 8, 22, 8, True), (12, 3, 24, 4, False)])
-def test_kernels_compile_without_spills_where_they_fit(A, K, H, lanes, spills, tmp_path):
+# the defaults at 4 lanes a sample (32 rows, 2 tiles a thread); two samples a forward thread
+@pytest.mark.parametrize(("A", "K", "H", "lanes", "rows", "spills"), [
+    (12, 3, 24, 8, 1, False), (12, 3, 48, 8, 1, False), (7, 2, 8, 8, 1, False), (12, 4, 24, 8, 1, False),
+    (12, 3, 64, 8, 1, True), (12, 8, 22, 8, 1, True), (12, 3, 24, 4, 1, False), (12, 3, 24, 8, 2, False),
+    (12, 3, 24, 4, 2, False)])
+def test_kernels_compile_without_spills_where_they_fit(A, K, H, lanes, rows, spills, tmp_path):
     """Without spills at the defaults and the moderate sizes here (up to 3 gradient tiles a
     backward thread); at the largest sizes (8 tiles) the backward's 128 sums and the row's state
     pass 255 registers and spill a little: those compile, and run correctly (the emulated test
     below), but are not timed."""
-    res = _nvcc(cuda.defines(A, K, H, lanes), tmp_path)
+    res = _nvcc(cuda.defines(A, K, H, lanes, rows), tmp_path)
     assert res.returncode == 0, res.stderr
     found = [int(n) for n in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert len(found) == 3, res.stderr
@@ -75,7 +76,11 @@ def test_the_lanes_follow_the_batch_size_where_a_kernel_fits():
     with pytest.raises(ValueError, match="lanes must be"):
         cuda.defines(12, 3, 24, 2)
     assert cuda.forward_blocks_per_sm(24) == 3 and cuda.forward_blocks_per_sm(25) == 2
-    assert cuda.forward_blocks_per_sm(24, cuda.FEW_LANES) == 2
+    assert cuda.forward_blocks_per_sm(24, cuda.FEW_LANES) == 2 and cuda.forward_blocks_per_sm(24, rows=2) == 2
+    two = cuda.FORWARD_TWO_ROWS_FROM
+    assert two is not None and cuda.forward_rows(two - 1) == 1 and cuda.forward_rows(two) == 2
+    with pytest.raises(ValueError, match="1 or 2 samples"):
+        cuda.defines(12, 3, 24, 8, 3)
 
 
 def test_the_wrapper_picks_the_largest_tile_that_fits():
@@ -95,8 +100,8 @@ def test_the_wrapper_picks_the_largest_tile_that_fits():
     assert max(H for H in range(1, 257) if cuda.backward_rows(12, 8, H)) == 22
 
 
-def _emulated(A, K, H, batch, grid, lanes, q, var, dy, p):
-    defs = cuda.defines(A, K, H, lanes)
+def _emulated(A, K, H, batch, grid, lanes, q, var, dy, p, rows=1):
+    defs = cuda.defines(A, K, H, lanes, rows)
     rows, P = int(defs["DR_ROWS"]), K * cuda.step_entries(A, H)
     bufs = {"q": q, "var": var, "dy": dy, "out": np.full_like(q, np.nan), "dq": np.full_like(q, np.nan),
             "partials": np.full((grid, P), np.nan)}
@@ -130,14 +135,16 @@ def _fresh(A, K, H, batch):
 
 
 @pytest.mark.skipif(cuda_emu.compiler() is None, reason="no host C++ compiler")
-@pytest.mark.parametrize(("A", "K", "H", "batch", "grid", "lanes"), [
-    (12, 3, 24, 150, 2, 8), (7, 2, 8, 300, 2, 8), (12, 1, 5, 1, 1, 8), (12, 3, 48, 70, 1, 8),
-    (12, 3, 64, 29, 2, 8), (12, 3, 24, 150, 2, 4), (7, 2, 8, 300, 2, 4)])
-def test_emulated_kernels_match_the_twin(A, K, H, batch, grid, lanes):
+@pytest.mark.parametrize(("A", "K", "H", "batch", "grid", "lanes", "rows"), [
+    (12, 3, 24, 150, 2, 8, 1), (7, 2, 8, 300, 2, 8, 1), (12, 1, 5, 1, 1, 8, 1), (12, 3, 48, 70, 1, 8, 1),
+    (12, 3, 64, 29, 2, 8, 1), (12, 3, 24, 150, 2, 4, 1), (7, 2, 8, 300, 2, 4, 1), (12, 3, 24, 150, 2, 4, 2),
+    (7, 2, 8, 300, 1, 8, 2)])
+def test_emulated_kernels_match_the_twin(A, K, H, batch, grid, lanes, rows):
     """Forward, backward and the gradient reduction, outputs poisoned with NaN; ``grid`` blocks
-    (tiles looped over, a partial last tile, idle threads)."""
+    (tiles looped over, a partial last tile, idle threads; with two samples a forward thread, a
+    thread whose second sample is past the batch)."""
     seed, q, var, dy, p = _fresh(A, K, H, batch)
-    res = _emulated(A, K, H, batch, grid, lanes, q, var, dy, p)
+    res = _emulated(A, K, H, batch, grid, lanes, q, var, dy, p, rows)
     p64 = {k: v.astype(np.float64) for k, v in p.items()}
     ref, cache = refine.forward(np, p64, q.astype(np.float64), var.astype(np.float64), 0.1)
     dref, gref = refine.backward(np, p64, cache, dy.astype(np.float64))
@@ -150,11 +157,13 @@ def test_emulated_kernels_match_the_twin(A, K, H, batch, grid, lanes):
 
 @pytest.mark.skipif(cuda_emu.compiler() is None, reason="no host C++ compiler")
 @pytest.mark.parametrize(("A", "K", "H"), [(12, 3, 24), (7, 2, 8)])
-def test_the_bits_do_not_depend_on_the_lanes(A, K, H):
-    """The sums of a sample's parts are added in one tree whichever lanes add them: the refined Q,
-    dQ and every gradient are the same bits at 8 and at 4 lanes a sample."""
+def test_the_bits_do_not_depend_on_the_lanes_or_the_rows(A, K, H):
+    """The sums of a sample's parts are added in one tree whichever lanes add them, and a forward
+    thread's samples share only their weights' loads: the refined Q, dQ and every gradient are the
+    same bits at 8 and at 4 lanes a sample, one or two samples a forward thread."""
     seed, q, var, dy, p = _fresh(A, K, H, 97)
     a = _emulated(A, K, H, 97, 2, 8, q, var, dy, p)
-    b = _emulated(A, K, H, 97, 2, 4, q, var, dy, p)
-    for n in ("out", "dq", *("d" + n for n in refine.NAMES)):
-        np.testing.assert_array_equal(a[n], b[n], err_msg=f"{n} (seed {seed})")
+    for lanes, rows in ((4, 1), (8, 2), (4, 2)):
+        b = _emulated(A, K, H, 97, 2, lanes, q, var, dy, p, rows)
+        for n in ("out", "dq", *("d" + n for n in refine.NAMES)):
+            np.testing.assert_array_equal(a[n], b[n], err_msg=f"{n} at {lanes} lanes, {rows} rows (seed {seed})")
