@@ -194,15 +194,10 @@ inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
     return emu::exchange(v, other / width == me / width ? other : me);
 }
 
-// CUDA's vector types (their alignment as on the device: a float4 load is one 16-byte access there)
-struct __attribute__((aligned(8))) float2 {
-    float x, y;
-};
+// CUDA's float4 (aligned as on the device, where a float4 load is one 16-byte access)
 struct __attribute__((aligned(16))) float4 {
     float x, y, z, w;
 };
-inline float2 make_float2(float x, float y) { return {x, y}; }
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 template <class T>
 inline T __ldg(const T* p) { return *p; }

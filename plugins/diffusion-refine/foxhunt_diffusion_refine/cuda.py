@@ -56,8 +56,9 @@ THREADS = 256  # DR_THREADS: the forward's block
 ROW_CHOICES = (32, 16, 8)  # DR_ROWS: the backward's tile (blocks of rows x lanes threads), the largest that fits
 MAX_TILES = 8  # DR_MAX_MT: 4 x 4 gradient tiles per backward thread (16 sums each, in registers)
 SMEM_LIMIT = 48 * 1024
-# Blocks resident on an SM at the defaults (ptxas, sm_90): the backward's 256 threads of 128
-# registers (its launch bound) and 46 KiB; the forward's: forward_blocks_per_sm
+# The backward's blocks resident on an SM (its launch bound) at the defaults (ptxas, sm_90): 46 KiB
+# of shared memory each; 256 threads of 122 registers at 8 lanes, 128 of 207 at 4. The forward's:
+# forward_blocks_per_sm
 BACKWARD_BLOCKS_PER_SM = 2
 REDUCE_THREADS = 1024
 _FUNCS: dict[tuple[Any, ...], Any] = {}

@@ -317,26 +317,25 @@ struct DrTile {
     int sa, sb;
 };
 
+// Tile w of a product whose second factor has cols4 groups of four columns: its first entry and its
+// factors' first rows (a, b: the step's staged factors, strides sa, sb).
+__device__ __forceinline__ void dr_place(DrTile& T, int w, int cols4, const float* a, int sa, const float* b, int sb) {
+    T.i0 = 4 * (w / cols4);
+    T.j0 = 4 * (w % cols4);
+    T.a = a + T.i0, T.b = b + T.j0;
+    T.sa = sa, T.sb = sb;
+}
+
 __device__ __forceinline__ DrTile dr_tile(const DrStage& S, int m) {
     DrTile T;
     T.first = m < K_ * DR_T1;
     if (T.first) {
         T.k = m / DR_T1;
-        const int w = m % DR_T1;
-        T.i0 = 4 * (w / (DR_NS / 4));
-        T.j0 = 4 * (w % (DR_NS / 4));
-        T.a = S.m1 + T.k * DR_ROWS * DR_MS + T.i0;
-        T.b = S.n1 + T.k * DR_ROWS * DR_NS + T.j0;
-        T.sa = DR_MS, T.sb = DR_NS;
+        dr_place(T, m % DR_T1, DR_NS / 4, S.m1 + T.k * DR_ROWS * DR_MS, DR_MS, S.n1 + T.k * DR_ROWS * DR_NS, DR_NS);
     } else {
         const int m2 = m - K_ * DR_T1;
         T.k = m2 / DR_T2;
-        const int w = m2 % DR_T2;
-        T.i0 = 4 * (w / (DR_HS / 4));
-        T.j0 = 4 * (w % (DR_HS / 4));
-        T.a = S.m2 + T.k * DR_ROWS * DR_DS + T.i0;
-        T.b = S.n2 + T.k * DR_ROWS * DR_HS + T.j0;
-        T.sa = DR_DS, T.sb = DR_HS;
+        dr_place(T, m2 % DR_T2, DR_HS / 4, S.m2 + T.k * DR_ROWS * DR_DS, DR_DS, S.n2 + T.k * DR_ROWS * DR_HS, DR_HS);
     }
     return T;
 }
