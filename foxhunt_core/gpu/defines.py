@@ -111,6 +111,7 @@ def _entries() -> list[tuple[str, list[Define]]]:
             Define("GATE_MAX_SETS", 8, "branches of one launch whose gate parameters it reads, at most"),
             Define("GG_UNIT_TILE", 32, "gate_glu_backward's block: units ..."),
             Define("GG_ROW_THREADS", 8, "... by threads down the rows"),
+            Define("GG_ROW_BATCH", 8, "... each loading this many rows before it computes (gate_glu.cu)"),
         ]),
         ("wgrad_gemm.cu", [
             Define("WG_N", wg_n, "the main wgmma's N: xt's rows 0..255"),

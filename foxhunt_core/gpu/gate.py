@@ -26,10 +26,20 @@ from .launch import get_kernel as _kernel
 
 Array = Any
 GATE_MAX_SETS = value("GATE_MAX_SETS")
-GG_UNIT_TILE, GG_ROW_THREADS = value("GG_UNIT_TILE"), value("GG_ROW_THREADS")
+GG_UNIT_TILE, GG_ROW_THREADS, GG_ROW_BATCH = value("GG_UNIT_TILE"), value("GG_ROW_THREADS"), value("GG_ROW_BATCH")
 GATE_ARGS = np.dtype([("p", np.uint64, (GATE_MAX_SETS, 2)), ("g", np.uint64, (GATE_MAX_SETS, 2))])
 BUILT_IN = str((KERNEL_DIR / "gate_sigmoid.cuh").resolve())
-ROWS_PER_CHUNK = 256  # gate_glu_backward's rows per block (its partial sums: a row each)
+TARGET_BLOCKS = 1024  # gate_glu_backward's blocks to aim for (several an SM: the kernel waits on memory)
+
+
+def rows_per_chunk(rows: int, units: int) -> int:
+    """gate_glu_backward's rows per block (its partial sums: a row each): enough blocks to keep
+    the memory busy, each thread at least one batch of GG_ROW_BATCH rows, chunks of whole batches."""
+    step = GG_ROW_THREADS * GG_ROW_BATCH
+    tiles = -(-units // GG_UNIT_TILE)
+    chunks = max(1, -(-TARGET_BLOCKS // tiles))
+    per = -(-rows // chunks)
+    return max(step, -(-per // step) * step)
 
 
 def built_in(fragment: GateFragment | None) -> bool:
@@ -136,12 +146,13 @@ def gate_glu_backward(dh: Array, pv: Array, gate: GateLaunch, *, blocks: int = 1
     defs, inc = gate.compile_options()
     args = gate.args(k, blocks, H)
     units = blocks * H
-    chunks = max(1, -(-B // ROWS_PER_CHUNK))
+    per = rows_per_chunk(B, units)
+    chunks = max(1, -(-B // per))
     partial = cupy.empty((chunks, units, max(T, 1)), dtype=F32) if T else None
     if B:
         _kernel("gate_glu.cu", k, defs, inc)((-(-units // GG_UNIT_TILE), chunks), (GG_UNIT_TILE, GG_ROW_THREADS),
                                              (dh, i32(ld_dh), pv, i32(ld_pv), dpv, i32(ld_dpv), i32(B), i32(H),
-                                              i32(blocks), args, partial, i32(ROWS_PER_CHUNK)))
+                                              i32(blocks), args, partial, i32(per)))
     if T:
         if not B:
             partial.fill(0.0)

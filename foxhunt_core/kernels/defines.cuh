@@ -180,6 +180,9 @@
 #ifndef GG_ROW_THREADS
 #define GG_ROW_THREADS 8  // ... by threads down the rows
 #endif
+#ifndef GG_ROW_BATCH
+#define GG_ROW_BATCH 8  // ... each loading this many rows before it computes (gate_glu.cu)
+#endif
 
 // wgrad_gemm.cu
 #ifndef WG_N
