@@ -162,14 +162,25 @@ __device__ __forceinline__ bool dr_has(int i) { return H_ % DR_SPLIT == 0 || i <
 __device__ __forceinline__ int dr_unit(int t, int w, int u) { return t * DR_W + w + u * DR_SPLIT; }
 __device__ __forceinline__ constexpr int dr_slot(int w, int u) { return w * DR_U + u; }
 
-// Row b of q and var into registers: x = Q, sig = sqrt(max(var, 0)); zeros past the batch.
+// Row b of q and var into registers, x = Q and sig = var as loaded (zeros past the batch); then
+// dr_sigma makes sig sigma. Apart, so that the loads of the forward's first rows go out before the
+// parameters' and nothing waits on them until the parameters are in: at small batches, where a
+// block takes its rows once or twice, one wait on memory instead of two is much of the kernel's
+// time. (In the backward, loading its next row early changed nothing at 4 lanes, 2026-12-03, and
+// at 8 lanes it would pass the kernel's 128 registers.)
 __device__ __forceinline__ void dr_load_row(const float* __restrict__ q, const float* __restrict__ var,
                                             long long b, int batch, float (&x)[A_], float (&sig)[A_]) {
 #pragma unroll
     for (int a = 0; a < A_; ++a) {
         x[a] = b < batch ? q[b * A_ + a] : 0.0f;
-        sig[a] = b < batch ? sqrtf(fmaxf(var[b * A_ + a], 0.0f)) : 0.0f;
+        sig[a] = b < batch ? var[b * A_ + a] : 0.0f;
     }
+}
+
+// sigma = sqrt(max(var, 0)) in place.
+__device__ __forceinline__ void dr_sigma(float (&sig)[A_]) {
+#pragma unroll
+    for (int a = 0; a < A_; ++a) sig[a] = sqrtf(fmaxf(sig[a], 0.0f));
 }
 
 // The lane's parts W0 .. W0 + N - 1 added in the tree's order, for each of its R rows; part(w, r)
@@ -277,16 +288,24 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS, DR_FORWARD_BLOCKS) diff
     const float* __restrict__ w2, const float* __restrict__ b2)
 {
     __shared__ __align__(16) float P[DR_P];
-    dr_load_params<DR_THREADS>(P, w_q, w_sigma, b1, w2, b2);
     constexpr int groups = DR_THREADS / G_, rows = groups * DR_RPT;
     const int t = threadIdx.x % G_;
+    const long long first = (long long)blockIdx.x * rows;
+    float x[DR_RPT][A_], sig[DR_RPT][A_];
+#pragma unroll
+    for (int r = 0; r < DR_RPT; ++r)
+        dr_load_row(q, var, first + threadIdx.x / G_ + r * groups, batch, x[r], sig[r]);
+    dr_load_params<DR_THREADS>(P, w_q, w_sigma, b1, w2, b2);
     // The loop is uniform over the block (its rows past the batch run on zeros): every lane of a
     // warp takes part in the shuffles. A thread's rows are groups apart (the warp's loads coalesce).
-    for (long long b0 = (long long)blockIdx.x * rows; b0 < batch; b0 += (long long)gridDim.x * rows) {
+    for (long long b0 = first; b0 < batch; b0 += (long long)gridDim.x * rows) {
         const long long b = b0 + threadIdx.x / G_;
-        float x[DR_RPT][A_], sig[DR_RPT][A_], pre[DR_RPT][DR_LU];
+        float pre[DR_RPT][DR_LU];
 #pragma unroll
-        for (int r = 0; r < DR_RPT; ++r) dr_load_row(q, var, b + r * groups, batch, x[r], sig[r]);
+        for (int r = 0; r < DR_RPT; ++r) {
+            if (b0 != first) dr_load_row(q, var, b + r * groups, batch, x[r], sig[r]);
+            dr_sigma(sig[r]);
+        }
 #pragma unroll
         for (int k = 0; k < K_; ++k) dr_step<true>(P + k * DR_E, t, step_scale, x, sig, pre, nullptr);
 #pragma unroll
@@ -397,6 +416,7 @@ extern "C" __global__ void __launch_bounds__(DR_BT, 2) diffusion_refine_backward
         float(&x)[A_] = x1[0];
         float(&sig)[A_] = sig1[0];
         dr_load_row(q, var, b, batch, x, sig);
+        dr_sigma(sig);
 #pragma unroll
         for (int a = 0; a < A_; ++a) g[a] = b < batch ? dy[b * A_ + a] : 0.0f;   // a padded row adds exact zeros
 #pragma unroll
