@@ -166,8 +166,8 @@ __device__ __forceinline__ constexpr int dr_slot(int w, int u) { return w * DR_U
 // dr_sigma makes sig sigma. Apart, so that the loads of the forward's first rows go out before the
 // parameters' and nothing waits on them until the parameters are in: at small batches, where a
 // block takes its rows once or twice, one wait on memory instead of two is much of the kernel's
-// time. (In the backward, loading its next row early changed nothing at 4 lanes, 2026-12-03, and
-// at 8 lanes it would pass the kernel's 128 registers.)
+// time. (The backward keeps its loads in place: early ones gained nothing at 4 lanes and pass its
+// 128 registers at 8.)
 __device__ __forceinline__ void dr_load_row(const float* __restrict__ q, const float* __restrict__ var,
                                             long long b, int batch, float (&x)[A_], float (&sig)[A_]) {
 #pragma unroll
