@@ -44,21 +44,19 @@ def gates() -> dict[str, Any]:
 
 def launch(stage: Any, fragment: Any, backward: bool) -> Any:
     """The GateLaunch of ``fragment`` over the three joint branches with ``stage``'s initial
-    parameters (and, for a backward, arrays for their gradients); None for the sigmoid."""
+    parameters (what it reads derived from them, as a step does before its forwards) and, for a
+    backward, arrays for their gradients; None for the sigmoid."""
     import cupy as cp
     import numpy as np
 
-    from foxhunt_core.gpu.gate import GateLaunch
+    from foxhunt_core.gpu.gate import branch_launch
 
     if fragment is None:
         return None
     params = {k: cp.asarray(v, dtype=cp.float32)
               for k, v in stage.init_params((H,) * 4, np.random.default_rng(0)).items()}
     grads = {k: cp.empty_like(v) for k, v in params.items()} if backward else None
-    branches = (1, 2, 3)
-    return GateLaunch(fragment, tuple(fragment.branch_arrays(params, d) for d in branches),
-                      None if grads is None else tuple(fragment.branch_arrays(grads, d) for d in branches),
-                      stage, params, grads, branches)
+    return branch_launch(stage, params, (1, 2, 3), grads)
 
 
 def cases(B: int) -> dict[str, tuple[Any, Any]]:

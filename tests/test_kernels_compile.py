@@ -98,7 +98,7 @@ def test_gate_fragments_compile_into_the_glu_kernels(gate: str, tmp_path: Path) 
     defs, include = GateLaunch(fragment).compile_options()
     defs = {**DEFAULT_DEFINES, **{k: str(v) for k, v in defs.items()}}
     kernels = ROOT / "foxhunt_core" / "kernels"
-    _compile(kernels / "glu_gemm.cu", defs, tmp_path, include=include)
+    _compile(kernels / "glu_gemm.cu", {**defs, "GW_WIDE": "1"}, tmp_path, include=include)  # (as it launches)
     _compile(kernels / "gate_glu.cu", defs, tmp_path, include=include)
     if fragment.terms <= defines.value("GB_GATE_TERMS_MAX"):
         _compile(kernels / "glu_backward_gemm.cu", defs, tmp_path, include=include)

@@ -97,7 +97,7 @@ class GateLaunch:
                 if len(arrays) != len(f.arrays):
                     raise ValueError(f"{k}: branch {s}'s gate {what}: {len(arrays)} arrays, the fragment reads "
                                      f"{len(f.arrays)}")
-                for a, (name, u) in enumerate(zip(f.arrays, f.unit_floats)):
+                for a, (name, u) in enumerate(zip(f.arrays if what == "params" else f.grads, f.unit_floats)):
                     x = arrays[a]
                     d = self.branches[s] if len(self.branches) == sets else s  # (the network's branch)
                     _unit_array(k, f"gate {what} {name.format(d=d)}", x, units, u)
@@ -176,11 +176,25 @@ def gate_terms_reduce(partial: Array, gate: GateLaunch, *, ctas: int, warps: int
                                           gate.args(k, blocks, H)))
 
 
-def branch_launch(stage: Any, params: dict, branches: Sequence[int], grads: dict | None = None) -> GateLaunch:
+def branch_launch(stage: Any, params: dict, branches: Sequence[int], grads: dict | None = None,
+                  reads: dict | None = None) -> GateLaunch:
     """The launch of the gate ``stage`` (its ``fragment``) over the network's ``branches`` (in
     order) with the gate's parameter tree ``params`` and, for a backward, ``grads``: where the
-    gradients go, keyed like ``params``."""
+    gradients go, keyed like ``params``. ``reads`` is what the kernels read
+    (``fragment.reads(xp, params)``: the parameters and the arrays derived from them), derived
+    here when not given; a step derives them once per forward and passes them to every launch."""
     f = stage.fragment
-    ps = tuple(f.branch_arrays(params, d) for d in branches)
-    gs = None if grads is None else tuple(f.branch_arrays(grads, d) for d in branches)
+    if reads is None:
+        reads = f.reads(_array_module(params), params)
+    ps = tuple(f.branch_arrays(reads, d) for d in branches)
+    gs = None if grads is None else tuple(f.branch_grads(grads, d) for d in branches)
     return GateLaunch(f, ps, gs, stage, params, grads, tuple(branches))
+
+
+def _array_module(tree: dict) -> Any:
+    """CuPy for a tree of CuPy arrays, NumPy otherwise (the kernels' twins' launches)."""
+    if any(type(a).__module__.startswith("cupy") for a in tree.values()):
+        import cupy
+
+        return cupy
+    return np

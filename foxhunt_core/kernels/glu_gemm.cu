@@ -54,7 +54,18 @@ static_assert(GW_STAGES >= 3, "consume_tile awaits the next stage before it rele
 static_assert(GW_STAGED_BOXES % GW_STORE_BOXES == 0 && GW_BOXES % GW_STAGED_BOXES == 0,
               "the staging buffer takes whole hand-offs, the tile whole buffers");
 
-extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
+// GW_WIDE (the wrapper's choice: GluGemmConfig.wide): the producer is a whole warpgroup that gives
+// its registers up to the consumers (setmaxnreg, which works per warpgroup: 40 for the producers,
+// 232 for the consumers, of the 384 threads' 168 each as launched). The consumers' 128
+// accumulators left a gate of parameters 40 registers, too few to overlap its per-element work
+// (benchmarks/bench_gate_epilogue.py: kan_gate's glu_gemm 1.28x the sigmoid's time at 131072 rows
+// with 168 registers, 1.25x with 232); the sigmoid keeps the single producer warp.
+#ifndef GW_WIDE
+#define GW_WIDE 0
+#endif
+#define GW_THREADS (GW_WIDE ? TC_THREADS - 32 + 128 : TC_THREADS)
+
+extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) __cluster_dims__(GW_CLUSTER, 1, 1)
 glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ TensorMap map_wt,
          const __grid_constant__ TensorMap map_h, const __grid_constant__ TensorMap map_pv,
          const float* __restrict__ bias, const __grid_constant__ GateArgs gate,
@@ -71,6 +82,15 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
     const Schedule<GW_CLUSTER> sched(M, K, blocks * per_branch);
     ring_init(ring, GW_CLUSTER, tid);
 
+#if GW_WIDE
+    if (warp >= TC_CONSUMER_WARPS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp > TC_CONSUMER_WARPS) {  // (the warpgroup's other three warps idle)
+            cluster_sync();
+            return;
+        }
+    }
+#endif
     if (warp == TC_CONSUMER_WARPS) {  // the producer
         const int rank = sched.rank;
         produce(ring, sched, lane, [&](int p, int kc, unsigned bar, unsigned sa, unsigned sb) {
@@ -92,6 +112,9 @@ glu_gemm(const __grid_constant__ TensorMap map_u, const __grid_constant__ Tensor
     }
 
     // The consumers.
+#if GW_WIDE
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+#endif
     const int wg = warp >> 2;  // this warpgroup's 64 rows of the tile
     const int g = lane >> 2, q = lane & 3;
     // Accumulators: element 4j + e is column 8j + .. of the 256 (gate columns, then value columns),

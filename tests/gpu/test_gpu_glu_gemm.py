@@ -83,6 +83,27 @@ def test_glu_gemm_other_rings_and_staging(cp, rng, ring):
     _check(cp, u, w, None, blocks, width, h_wide, lead, pv_wide, P, H)
 
 
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_glu_gemm_wide_producer_warpgroup(cp, rng, cluster):
+    """The variant whose producer is a whole warpgroup handing its registers to the consumers
+    (GluGemmConfig.wide, what a gate fragment with parameters gets) with the sigmoid: the twin's
+    results, over many tiles an SM, and the same bits as the single producer warp's."""
+    B, H, blocks, K_, width, lead = 20 * 128 * 132 // 6 + 77, 256, 3, 260, 260, 8
+    u, w, _ = _case(rng, B, K_, H, blocks, bias=False)
+    du, dw = to_dev(cp, u), to_dev(cp, w)
+    outs = []
+    for wide in (True, False):
+        h_wide = nan_like(cp, (B, lead + blocks * width + 4))
+        P = B // 3
+        pv_wide = nan_like(cp, (P, lead + 2 * H * blocks + 4))
+        K.glu_gemm(du, dw, width=width, blocks=blocks, h=h_wide[:, lead : lead + blocks * width],
+                   pv=pv_wide[:, lead : lead + 2 * H * blocks], config=K.GluGemmConfig(wide=wide, cluster=cluster))
+        _check(cp, u, w, None, blocks, width, h_wide, lead, pv_wide, P, H)
+        outs.append((h_wide, pv_wide))
+    assert cp.array_equal(outs[0][0], outs[1][0], equal_nan=True)
+    assert cp.array_equal(outs[0][1], outs[1][1], equal_nan=True)
+
+
 @pytest.mark.parametrize("lead", [2, 4])
 def test_glu_gemm_pv_from_the_registers_where_tma_cannot_store_it(cp, rng, lead):
     """pv 8-byte aligned only (lead 2: TMA needs 16) goes out from the registers; so does a

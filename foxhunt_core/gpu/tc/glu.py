@@ -40,7 +40,9 @@ class GluGemmConfig:
     (boxes of 32 columns x 128 rows, 16 KiB) and how many boxes a hand-off to the TMA unit takes,
     the CTAs per cluster (sharing their weight loads by TMA multicast), and whether pv leaves
     through the staging buffer by TMA stores where TMA can address it (16-byte aligned, a row pitch
-    of a multiple of 4 floats; otherwise, or with ``pv_tma`` off, from the registers). The default
+    of a multiple of 4 floats; otherwise, or with ``pv_tma`` off, from the registers), and whether
+    the producer is a whole warpgroup that hands its registers to the consumers (``wide``; None:
+    for a gate fragment with parameters, whose epilogue needs them, not for the sigmoid). The default
     is the table's: four stages beside two boxes used in turn, one at a time (the tile's four at
     once, 64 KiB, leave room for three stages only)."""
 
@@ -49,6 +51,7 @@ class GluGemmConfig:
     store_boxes: int = GLU_GEMM_STORE_BOXES
     cluster: int = GLU_GEMM_CLUSTER
     pv_tma: bool = True
+    wide: bool | None = None
     source: str = "glu_gemm.cu"  # the kernel's source: a file of kernels/, or a path (a diagnostic variant)
 
     def __post_init__(self) -> None:
@@ -147,16 +150,19 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     map_pv = tma.matrix_map(k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS) if pv_tma else map_h  # (unread unless pv_tma)
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
     gate_defs, gate_inc = gate.compile_options() if gate is not None else ({}, ())
+    wide = cfg.wide if cfg.wide is not None else bool(gate is not None and gate_defs and gate.terms)
     gate_args = gate.args(k, blocks, H) if gate is not None else np.zeros(1, dtype=GATE_ARGS)
     fn = _kernel(cfg.source, k, {"GW_STAGES": cfg.stages, "GW_CLUSTER": c, "GW_TAIL_STEPS": tail,
                                     "GW_ROUND_H": int(bool(tf32_h)), "GW_STAGED_BOXES": cfg.staged_boxes,
-                                    "GW_STORE_BOXES": cfg.store_boxes, "GW_PV_TMA": int(pv_tma), **gate_defs},
+                                    "GW_STORE_BOXES": cfg.store_boxes, "GW_PV_TMA": int(pv_tma),
+                                    "GW_WIDE": int(wide), **gate_defs},
                  gate_inc)
     smem = cfg.smem
     opt_in_smem(fn, smem)
     groups = blocks * (H // GLU_GEMM_COLS) * -(-B // (GLU_GEMM_ROWS * c))  # c row tiles of one column tile
-    clusters = min(groups, tma.max_active_clusters(k, fn, GLU_GEMM_THREADS, smem, c))  # all resident (persistent)
-    fn((clusters * c,), (GLU_GEMM_THREADS,),
+    threads = GLU_GEMM_THREADS - 32 + 128 if wide else GLU_GEMM_THREADS
+    clusters = min(groups, tma.max_active_clusters(k, fn, threads, smem, c))  # all resident (persistent)
+    fn((clusters * c,), (threads,),
        (map_u, map_wt, map_h, map_pv, bias, gate_args, h, i32(ld_h), pv, i32(ld_pv), i32(pv_rows), i32(B), i32(K),
         i32(H), i32(W), i32(blocks), i32(rounded)), shared_mem=smem)
     return h

@@ -145,6 +145,11 @@ class ForwardGroup:
         self.res = res
         self.heads_wanted = any(HEADS in w for w in self.wants)
 
+        # What the gate's fragment reads: its parameters and what it derives from them, once for
+        # every branch group (and the backward, through the cache)
+        gate_reads = None
+        if plan.gate_fast and not plan.gate_built_in:
+            gate_reads = net.gate.fragment.reads(xp, self.params.get(net.gate.name, {}))
         h_all = xp.empty((R, D * Wh), dtype=xp.float32)  # each branch's augmented GLU output
         branches: list[dict[str, Any]] = [dict() for _ in net.sizes]
         done: set[tuple[int, int]] = set()  # the dueling forwards run in their heads' kernel
@@ -160,9 +165,9 @@ class ForwardGroup:
             # K = H2, the biases in the epilogue (no K tail): z's first H2 columns are all it reads
             no_tail = self.use_z[d0] and MAGNITUDE not in g and not any(net.extra_width[d] for d in g)
             tc = z_tf32 and self.use_z[d0]
-            # the gate's fragment, branch g[i]'s parameters for the launch's block i (None: the sigmoid)
-            launch = None if plan.gate_built_in or not plan.gate_fast else K.branch_launch(
-                net.gate, self.params.get(net.gate.name, {}), g)
+            # the gate's fragment, branch g[i]'s arrays for the launch's block i (None: the sigmoid)
+            launch = None if gate_reads is None else K.branch_launch(
+                net.gate, self.params.get(net.gate.name, {}), g, reads=gate_reads)
             if tc:
                 # The GLU in one kernel: h from the GEMM's epilogue, pv only for the rows the backward
                 # reads (the value head, when it rides along, as a GEMM of its own); h written rounded
@@ -217,7 +222,8 @@ class ForwardGroup:
             cache = None
             if self.keep_cache and i == 0:
                 cache = dict(fused=True, x=x[:B], h1=h1[:B], h2=h2[:B], m=m, z=z[:B], pv=pv_all[:B], h=h_all[:B],
-                             branches=branches, q=res["q"][:B], extra_cols=extra_cols, extra_caches=extra_caches)
+                             branches=branches, q=res["q"][:B], extra_cols=extra_cols, extra_caches=extra_caches,
+                             gate_reads=gate_reads)
             # The kernel returns normalised logits (log-probabilities); they differ from the raw
             # dueling logits by a per-distribution constant, which no consumer depends on.
             lp = part("log_probs")

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .spline import Grid
+from .spline import Grid, knot_power_map
 
 KERNEL_FILE = Path(__file__).parent / "kernels" / "kan_gate.cu"
 FRAGMENT_FILE = Path(__file__).parent / "kernels" / "kan_gate.cuh"
-KERNEL_FUNCTIONS = ("kan_gate_forward", "kan_gate_backward_partial", "kan_gate_param_reduce")
+KERNEL_FUNCTIONS = ("kan_gate_forward", "kan_gate_backward_partial", "kan_gate_param_reduce", "kan_power")
 UNIT_TILE = 32  # units per block (a warp reads 32 consecutive floats of a row)
 ROW_THREADS = 8  # rows a block works on at once
 MIN_CHUNK_ROWS = 64  # fewest rows one backward block sums
@@ -28,15 +28,51 @@ REDUCE_THREADS = 256
 Array = Any
 
 
+POWER_SETS = 8  # branches one kan_power launch takes (KG_POWER_SETS)
+POWER_ARGS = np.dtype([("coeff", np.uint64, (POWER_SETS,)), ("power", np.uint64, (POWER_SETS,))])
+
+
 def defines(grid: Grid) -> dict[str, str]:
-    """The ``#define``s that compile ``grid`` into the kernels."""
+    """The ``#define``s that compile ``grid`` into the kernels (the knot-power map included)."""
+    m = knot_power_map(grid)
     return {
         "KG_NUM_BASES": str(grid.num_bases),
         "KG_GRID_LO": f"({float(grid.lo)!r}f)",
         "KG_GRID_HI": f"({float(grid.hi)!r}f)",
         "KG_UNIT_TILE": str(UNIT_TILE),
         "KG_ROW_THREADS": str(ROW_THREADS),
+        "KG_POWER_SETS": str(POWER_SETS),
+        "KG_POWER_MAP": "{" + ", ".join(repr(float(v)) for v in m.reshape(-1)) + "}",
     }
+
+
+def power_cuda(grid: Grid, coeffs: list[Array], out: list[Array] | None = None) -> list[Array]:
+    """Each coefficient array's knot-power floats (:func:`.spline.knot_power_map`; [width, K]
+    float32 each, into ``out`` when given), up to :data:`POWER_SETS` arrays of one width a launch:
+    no host synchronisation and no copy to the device, so that it runs inside a captured step."""
+    import cupy
+
+    from foxhunt_core.backend import check_array
+
+    if not coeffs:
+        return []
+    width = int(coeffs[0].shape[0]) if coeffs[0].ndim == 2 else -1
+    for i, c in enumerate(coeffs):
+        check_array("kan_power", f"coeff[{i}]", c, np.float32, (width, grid.num_bases))
+    if out is None:
+        out = [cupy.empty_like(c) for c in coeffs]
+    for i, o in enumerate(out):
+        check_array("kan_power", f"out[{i}]", o, np.float32, (width, grid.num_bases))
+    fn = _module(grid).get_function("kan_power")
+    n = width * grid.num_bases
+    for s0 in range(0, len(coeffs), POWER_SETS):
+        part = range(s0, min(len(coeffs), s0 + POWER_SETS))
+        args = np.zeros(1, dtype=POWER_ARGS)
+        for j, i in enumerate(part):
+            args["coeff"][0, j], args["power"][0, j] = coeffs[i].data.ptr, out[i].data.ptr
+        if n:
+            fn((-(-n // REDUCE_THREADS), len(part)), (REDUCE_THREADS,), (args, np.int32(width)))
+    return out
 
 
 def backward_shape(rows: int, width: int) -> tuple[int, int, int]:

@@ -104,6 +104,60 @@ def power_map(grid: Grid) -> np.ndarray:
     return m
 
 
+# ---- the knot-power form: what the fused GLU kernels evaluate (kernels/kan_fragment.cuh) ----
+# The same spline space written without a search for the interval. With u = (clamp(x) - lo) / h in
+# [0, G] and the middle interval [m, m + 1], m = (G - 1) // 2, centre c = m + 1/2:
+#
+#     S(u) = a0 + a1 (u - c) + a2 (u - c)^2 + a3 (u - c)^3
+#            + sum_{i = m+1}^{G-1} d_i (u - i)_+^3 + sum_{i = 1}^{m} e_i (i - u)_+^3
+#
+# G + 3 = K coefficients a unit, like the B-spline's: (a0..a3, d_{m+1}..d_{G-1}, e_m..e_1). Each
+# truncated cube is 0 on the middle interval and is a cubic everywhere else, one-sided at its knot,
+# so that the sum is a cubic on every interval with continuous second derivative: the uniform cubic
+# spline again. Centring the polynomial and opening the cubes outwards from the middle keeps every
+# term small on [0, G] (|u - c| <= G / 2 and a cube's argument at most G / 2), so float32 loses
+# little to cancellation. An element then needs no interval: no data-dependent loads of its
+# coefficients, which a GEMM epilogue reads once per unit for all its rows.
+
+
+def knot_middle(grid: Grid) -> int:
+    """``m``: the middle interval's first knot (in units of ``h`` from ``lo``)."""
+    return (grid.intervals - 1) // 2
+
+
+def knot_terms(xp: Any, u: Array, grid: Grid) -> list[Array]:
+    """The knot-power basis at ``u`` (``(clamp(x) - lo) / h``): the K functions whose coefficients
+    :func:`knot_power_map` gives, in that order."""
+    g, m = grid.intervals, knot_middle(grid)
+    s = u - (m + 0.5)
+    out = [xp.ones_like(u), s, s * s, s * s * s]
+    out += [xp.maximum(u - i, 0) ** 3 for i in range(m + 1, g)]
+    out += [xp.maximum(i - u, 0) ** 3 for i in range(m, 0, -1)]
+    return out
+
+
+@lru_cache(maxsize=32)
+def knot_power_map(grid: Grid) -> np.ndarray:
+    """``[K, K]`` float64: a unit's B-spline coefficients ``c`` in the knot-power form are
+    ``c @ M``. Solved on four points of every interval, where both bases are exact cubics (the
+    spaces are the same; the tests check the map reproduces the B-spline everywhere)."""
+    g = grid.intervals
+    u = (np.arange(g)[:, None] + np.array([0.125, 0.375, 0.625, 0.875])).reshape(-1)
+    phi = np.stack(knot_terms(np, u, grid), axis=1)  # [4G, K]
+    bsp = basis_matrix(np, grid.lo + u * grid.step, grid)  # [4G, K]
+    m, *_ = np.linalg.lstsq(phi, bsp, rcond=None)  # phi @ m = bsp: row k of m.T is B_k's form
+    out = np.ascontiguousarray(m.T)
+    out.setflags(write=False)
+    return out
+
+
+def knot_power_value(xp: Any, x: Array, p: Array, grid: Grid) -> Array:
+    """The spline at ``x`` from knot-power coefficients ``p`` [..., K] (broadcast against ``x``):
+    the fragment's arithmetic in array operations."""
+    u = (xp.fmin(xp.fmax(x, grid.lo), grid.hi) - grid.lo) * (1.0 / grid.step)
+    return sum(p[..., j] * f for j, f in enumerate(knot_terms(xp, u, grid)))
+
+
 @dataclass
 class Located:
     """Where inputs fall on the grid: interval ``span`` (first nonzero basis), local ``t``,

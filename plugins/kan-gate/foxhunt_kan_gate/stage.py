@@ -6,6 +6,8 @@ initialised to ``residual_init``. On CuPy float32 inputs the stage runs the CUDA
 (:mod:`.cuda`); otherwise the array-operation twin (:mod:`.gate`) on NumPy or CuPy. Its CUDA
 fragment (:attr:`KanGateStage.fragment`, ``kernels/kan_fragment.cuh``) is what the core compiles
 into its fused GLU kernels on the GPU; there the stage's own kernels run only on the slow path.
+The fragment reads each branch's spline in the knot-power form (``b{d}.power``, derived from the
+coefficients before each forward: :class:`KnotPower`) and forms the coefficients' gradients.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from foxhunt_core.stages import GateFragment
 
 from .cuda import defines
 from .gate import TwinCache, gate_backward, gate_forward
-from .spline import Grid, SigmoidFit, fit_sigmoid
+from .spline import Grid, SigmoidFit, fit_sigmoid, knot_power_map
 
 Array = Any
 Params = dict[str, Array]
@@ -36,6 +38,33 @@ def initial_fit(grid: Grid) -> SigmoidFit:
 
 def coeff_key(branch: int) -> str:
     return f"b{branch}.coeff"
+
+
+@dataclass(frozen=True)
+class KnotPower:
+    """The fragment's ``derive``: every branch's coefficients in the knot-power form its kernels
+    evaluate (``b{d}.power``, :func:`.spline.knot_power_map`). On CuPy float32 arrays one
+    ``kan_power`` launch per width (the branches of one width together); otherwise the product
+    in float64, in the coefficients' dtype."""
+
+    grid: Grid
+
+    def __call__(self, xp: Any, params: Params) -> Params:
+        keys = sorted(k for k in params if k.endswith(".coeff"))
+        coeffs = [params[k] for k in keys]
+        out: Params = {}
+        on_gpu = getattr(xp, "__name__", "") == "cupy" and all(
+            c.dtype == np.float32 and c.ndim == 2 and c.flags.c_contiguous for c in coeffs)
+        if on_gpu:
+            from .cuda import power_cuda
+
+            for width in sorted({int(c.shape[0]) for c in coeffs}):
+                ks = [k for k, c in zip(keys, coeffs) if int(c.shape[0]) == width]
+                out.update(zip(ks, power_cuda(self.grid, [params[k] for k in ks])))
+        else:
+            m = xp.asarray(knot_power_map(self.grid))
+            out = {k: (c.astype(np.float64) @ m).astype(c.dtype) for k, c in zip(keys, coeffs)}
+        return {k[: -len(".coeff")] + ".power": v for k, v in out.items()}
 
 
 def residual_key(branch: int) -> str:
@@ -65,9 +94,10 @@ class KanGateStage:
         if not self.use_cuda_kernels:
             return None
         defs = defines(self.grid)
-        return GateFragment(str(FRAGMENT), arrays=("b{d}.coeff", "b{d}.residual"),
+        return GateFragment(str(FRAGMENT), arrays=("b{d}.power", "b{d}.residual"),
                             unit_floats=(self.grid.num_bases, 1),
-                            defines=tuple((k, defs[k]) for k in ("KG_NUM_BASES", "KG_GRID_LO", "KG_GRID_HI")))
+                            defines=tuple((k, defs[k]) for k in ("KG_NUM_BASES", "KG_GRID_LO", "KG_GRID_HI")),
+                            grad_arrays=("b{d}.coeff", "b{d}.residual"), derive=KnotPower(self.grid))
 
     def init_params(self, widths: tuple[int, ...], rng: np.random.Generator) -> Params:
         c = initial_fit(self.grid).coefficients

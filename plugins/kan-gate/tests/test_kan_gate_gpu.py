@@ -127,6 +127,32 @@ def test_empty_batch_and_argument_checks(cp):
         backward_cuda(grid, coeff, residual, x, cp.zeros_like(x), dpre=x)
 
 
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+@pytest.mark.parametrize(("branches", "width"), [(1, 1), (4, 256), (11, 100)])
+def test_knot_power_kernel_matches_the_float64_product(cp, rng, grid, branches, width):
+    """kan_power (the fragment's derive on the GPU): every branch's knot-power floats, up to eight
+    branches a launch (eleven take two), against the float64 product rounded once; outputs
+    poisoned with NaN first. The GPU's double products and sums may round the last bit apart from
+    NumPy's, so one float32 ulp is allowed."""
+    from foxhunt_kan_gate.cuda import power_cuda
+    from foxhunt_kan_gate.spline import knot_power_map
+
+    coeffs = [(initial_fit(grid).coefficients + rng.normal(0, 0.5, (width, grid.num_bases))).astype(np.float32)
+              for _ in range(branches)]
+    outs = [cp.full((width, grid.num_bases), np.nan, cp.float32) for _ in coeffs]
+    got = power_cuda(grid, [cp.asarray(c) for c in coeffs], outs)
+    m = knot_power_map(grid)
+    for c, g, o in zip(coeffs, got, outs):
+        assert g is o
+        want = (c.astype(np.float64) @ m).astype(np.float32)
+        host = g.get()
+        assert np.isfinite(host).all(), "unwritten knot-power floats"
+        ulp = np.spacing(np.abs(want))
+        assert np.all(np.abs(host - want) <= ulp), np.abs(host - want).max()
+    with pytest.raises(ValueError, match="kan_power: coeff"):
+        power_cuda(grid, [cp.zeros((width, grid.num_bases + 1), cp.float32)])
+
+
 def test_stage_uses_the_kernels_on_cupy_float32(cp, rng):
     stage, plain = KanGateStage(), KanGateStage(use_cuda_kernels=False)
     widths = (64, 64, 64, 64)

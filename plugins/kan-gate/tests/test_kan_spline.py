@@ -13,6 +13,10 @@ from foxhunt_kan_gate.spline import (
     basis_matrix,
     basis_slope_matrix,
     fit_sigmoid,
+    knot_middle,
+    knot_power_map,
+    knot_power_value,
+    knot_terms,
     locate,
     piece_slopes,
     pieces,
@@ -141,6 +145,45 @@ def test_power_map_is_the_basis_as_cubics_and_continues_the_last_one(grid):
     slope_hi = basis_slope_matrix(np, np.array([grid.hi]), grid) @ c * grid.step
     np.testing.assert_allclose([cubics[g, 0], cubics[g, 1]], [at_hi[0], slope_hi[0]],
                                rtol=0, atol=1e-12 * np.abs(c).sum())
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+def test_knot_power_form_is_the_b_spline_everywhere(grid):
+    """The knot-power coefficients c @ knot_power_map give the B-spline's value and slope at every
+    point: on the knots, between them, at and past both ends (where both are constant); the form
+    has K terms, and its middle interval holds the centre."""
+    rng = np.random.default_rng(11)
+    m = knot_power_map(grid)
+    assert m.shape == (grid.num_bases, grid.num_bases)
+    g, mid = grid.intervals, knot_middle(grid)
+    assert 0 <= mid < g and len(knot_terms(np, np.zeros(3), grid)) == grid.num_bases
+    c = rng.normal(size=(6, grid.num_bases))
+    p = c @ m
+    x = np.concatenate([_grid_points(grid, 701), rng.uniform(grid.lo - 3, grid.hi + 3, 400),
+                        [grid.lo - 50.0, grid.hi + 50.0]])
+    want = basis_matrix(np, x, grid) @ c.T  # [n, 6]
+    got = knot_power_value(np, x[:, None], p[None], grid)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-11 * np.abs(c).sum())
+    # the slope, by central differences of the form, inside the grid away from its ends
+    inside = x[(x > grid.lo + 1e-3) & (x < grid.hi - 1e-3)]
+    e = 1e-6
+    slope = (knot_power_value(np, (inside + e)[:, None], p[None], grid)
+             - knot_power_value(np, (inside - e)[:, None], p[None], grid)) / (2 * e)
+    np.testing.assert_allclose(slope, basis_slope_matrix(np, inside, grid) @ c.T, rtol=0,
+                               atol=1e-6 * np.abs(c).sum())
+    # a unit basis maps to its own row: B_k's form
+    for k in range(grid.num_bases):
+        np.testing.assert_allclose(knot_power_value(np, x, m[k], grid), basis_matrix(np, x, grid)[:, k],
+                                   rtol=0, atol=1e-11)
+
+
+def test_knot_power_terms_stay_small_on_the_grid():
+    """Centred and opened outwards, no term of the default grid's form exceeds (G / 2)^3 on [0, G]
+    (what keeps float32's cancellation small: the fragment's tests bound it per element)."""
+    grid = Grid()
+    u = np.linspace(0.0, grid.intervals, 2001)
+    worst = max(float(np.abs(t).max()) for t in knot_terms(np, u, grid))
+    assert worst <= (grid.intervals / 2) ** 3 + 1e-12
 
 
 @pytest.mark.parametrize(("lo", "hi", "k", "msg"), [(1.0, 1.0, 8, "must be above"), (2.0, -2.0, 8, "must be above"),

@@ -5,6 +5,9 @@
 //                              sums over the block's rows: partial [chunks, KG_TERMS, width]
 //   kan_gate_param_reduce      dcoeff [width, KG_NUM_BASES] and dresidual [width]: the partials
 //                              summed over the chunks in chunk order
+//   kan_power                  the units' knot-power floats [width, KG_NUM_BASES] (what the fused
+//                              GLU kernels read: kan_fragment.cuh) from their coefficients, for up
+//                              to KG_POWER_SETS branches in one launch
 // No atomics: the gradients are the same bits on every run. Launch wrappers: foxhunt_kan_gate/cuda.py.
 #include "kan_gate.cuh"
 
@@ -80,3 +83,31 @@ extern "C" __global__ void kan_gate_param_reduce(const float* __restrict__ parti
         dresidual[unit] = (float)s;
     }
 }
+
+#ifndef KG_POWER_SETS
+#define KG_POWER_SETS 8
+#endif
+
+// The branches' coefficient arrays and where their knot-power floats go, by value.
+struct __align__(8) KanPowerArgs {
+    const float* coeff[KG_POWER_SETS];
+    float* power[KG_POWER_SETS];
+};
+
+#ifdef KG_POWER_MAP  // (defined by the launch wrappers: foxhunt_kan_gate/cuda.py defines)
+// spline.knot_power_map: row k is basis k in the knot-power form (float64, compiled in, so that
+// the launch needs no copy to the device inside a captured step)
+__constant__ double kan_power_map[KG_NUM_BASES * KG_NUM_BASES] = KG_POWER_MAP;
+
+// Thread i of set blockIdx.y: unit i / K's float j = i % K, sum_k c[k] M[k, j] in double, rounded once.
+extern "C" __global__ void kan_power(const __grid_constant__ KanPowerArgs a, int width) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width * KG_NUM_BASES) return;
+    const int unit = i / KG_NUM_BASES, j = i % KG_NUM_BASES;
+    const float* c = a.coeff[blockIdx.y] + (size_t)unit * KG_NUM_BASES;
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < KG_NUM_BASES; ++k) s += (double)c[k] * kan_power_map[k * KG_NUM_BASES + j];
+    a.power[blockIdx.y][i] = (float)s;
+}
+#endif

@@ -83,6 +83,81 @@ __device__ __forceinline__ float kan_raw_window(float x, const float (&w)[4], fl
     return raw;
 }
 
+// ---- the knot-power form (spline.py knot_power_map; what the fused GLU kernels evaluate) ----
+// A unit's KG_NUM_BASES floats p = (a0..a3, d_{m+1}..d_{G-1}, e_m..e_1) and, with u =
+// (clamp(x, lo, hi) - lo) / h and s = u - (m + 1/2):
+//   S = a0 + a1 s + a2 s^2 + a3 s^3 + sum_i d_i (u - i)_+^3 + sum_i e_i (i - u)_+^3.
+// Every term is evaluated for every element (no interval, no data-dependent index): the unit's
+// floats are loaded once, whatever x is.
+#define KG_MID ((KG_INTERVALS - 1) / 2)             // m: the middle interval [m, m + 1]
+#define KG_RIGHT (KG_INTERVALS - 1 - KG_MID)        // knots m + 1 .. G - 1
+#define KG_LEFT KG_MID                              // knots m .. 1
+
+// A unit's knot-power floats, through the read-only path, as float4s where the row allows it
+// (its rows are KG_NUM_BASES floats: 16-byte aligned when that is a multiple of 4).
+struct KanPower {
+    float p[KG_NUM_BASES];
+};
+
+__device__ __forceinline__ KanPower kan_power_load(const float* c) {
+    KanPower w;
+#if KG_NUM_BASES % 4 == 0
+#pragma unroll
+    for (int j = 0; j < KG_NUM_BASES / 4; ++j) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(c) + j);
+        w.p[4 * j] = v.x, w.p[4 * j + 1] = v.y, w.p[4 * j + 2] = v.z, w.p[4 * j + 3] = v.w;
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < KG_NUM_BASES; ++j) w.p[j] = __ldg(c + j);
+#endif
+    return w;
+}
+
+// u = (clamp(x, lo, hi) - lo) / h in [0, G] (a NaN input lands at lo, as in kan_locate)
+__device__ __forceinline__ float kan_u(float x) {
+    const float inv_step = (float)KG_INTERVALS / (KG_GRID_HI - KG_GRID_LO);
+    return (fminf(fmaxf(x, KG_GRID_LO), KG_GRID_HI) - KG_GRID_LO) * inv_step;
+}
+
+// The spline S(u) (the residual term and the clamp are the caller's).
+__device__ __forceinline__ float kan_power_spline(const KanPower& w, float u) {
+    const float s = u - ((float)KG_MID + 0.5f);
+    float raw = fmaf(fmaf(fmaf(w.p[3], s, w.p[2]), s, w.p[1]), s, w.p[0]);
+#pragma unroll
+    for (int i = 0; i < KG_RIGHT; ++i) {
+        const float t = fmaxf(u - (float)(KG_MID + 1 + i), 0.0f);
+        raw = fmaf(w.p[4 + i] * t, t * t, raw);
+    }
+#pragma unroll
+    for (int i = 0; i < KG_LEFT; ++i) {
+        const float t = fmaxf((float)(KG_MID - i) - u, 0.0f);
+        raw = fmaf(w.p[4 + KG_RIGHT + i] * t, t * t, raw);
+    }
+    return raw;
+}
+
+// S(u) and dS/du together (the backward's).
+__device__ __forceinline__ float kan_power_spline_slope(const KanPower& w, float u, float* slope) {
+    const float s = u - ((float)KG_MID + 0.5f);
+    float raw = fmaf(fmaf(fmaf(w.p[3], s, w.p[2]), s, w.p[1]), s, w.p[0]);
+    float ds = fmaf(fmaf(3.0f * w.p[3], s, 2.0f * w.p[2]), s, w.p[1]);
+#pragma unroll
+    for (int i = 0; i < KG_RIGHT; ++i) {
+        const float t = fmaxf(u - (float)(KG_MID + 1 + i), 0.0f), dt = w.p[4 + i] * t;
+        raw = fmaf(dt, t * t, raw);
+        ds = fmaf(3.0f * dt, t, ds);
+    }
+#pragma unroll
+    for (int i = 0; i < KG_LEFT; ++i) {
+        const float t = fmaxf((float)(KG_MID - i) - u, 0.0f), et = w.p[4 + KG_RIGHT + i] * t;
+        raw = fmaf(et, t * t, raw);
+        ds = fmaf(-3.0f * et, t, ds);
+    }
+    *slope = ds;
+    return raw;
+}
+
 // clamp(raw, 0, 1) that lets NaN through (fminf/fmaxf would turn it into 0 or 1)
 __device__ __forceinline__ float kan_clamp01(float raw) {
     return raw < 0.0f ? 0.0f : (raw > 1.0f ? 1.0f : raw);
