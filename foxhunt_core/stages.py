@@ -65,65 +65,66 @@ class GateFragment:
     ``glu_backward_gemm``'s backward — and into its elementwise GLU kernels, so that the gate runs
     inside the fused update (the execution plan's fast path).
 
-    ``arrays`` names the arrays of branch ``d`` that the fragment reads, with ``{d}`` for the
-    branch (``("b{d}.power", "b{d}.residual")``), at most two; ``unit_floats`` the floats of each
-    per unit (each array ``[adv_h, unit_floats]`` or ``[adv_h]``, C-contiguous float32), which must
-    be the header's ``GATE_UNIT0`` and ``GATE_UNIT1`` (checked when it compiles).
+    ``arrays`` names the gate's parameters of branch ``d`` that the fragment reads, with ``{d}``
+    for the branch (``("b{d}.coeff", "b{d}.residual")``), at most two; ``unit_floats`` the floats
+    of each per unit (each array ``[adv_h, unit_floats]`` or ``[adv_h]``, C-contiguous float32),
+    which must be the header's ``GATE_UNIT0`` and ``GATE_UNIT1`` (checked when it compiles). The
+    parameter gradients the kernels form are those arrays' gradients, summed over the batch in a
+    fixed order.
 
-    The arrays read are the gate's parameters, or arrays derived from them: ``derive(xp,
-    params)``, when given, returns such arrays by name (kan_gate's spline in the form its fragment
-    evaluates, from its B-spline coefficients). The core calls it once per forward of the fused
-    network with that forward's parameters (online or target) and hands the backward the same
-    arrays; it runs inside the captured step, so it may only queue device work (no host
-    synchronisation, no host-to-device copies). ``grad_arrays`` names the parameter arrays whose
-    gradients the kernels form, one per array read, with its floats per unit (default: the arrays
-    read, which must then be parameters). The gradients are summed over the batch in a fixed order.
-    ``include`` directories the header's own includes need besides its own; ``defines`` its
-    compile-time settings."""
+    The forward's kernels (``gate_value``) may read other arrays: ``forward_arrays`` names them,
+    one per array of ``arrays`` with its floats per unit (default: ``arrays``), and ``derive(xp,
+    params)`` returns those that are not parameters, by name (kan_gate's spline in a form whose
+    evaluation needs no search for the knot interval, from its B-spline coefficients). The core
+    calls it once per forward of the fused network with that forward's parameters (online or
+    target); it runs inside the captured step, so it may only queue device work (no host
+    synchronisation, no copy from the host). The backward's kernels (``gate_backward``) read
+    ``arrays``. ``include`` directories the header's own includes need besides its own;
+    ``defines`` its compile-time settings."""
 
     header: str
     arrays: tuple[str, ...] = ()
     unit_floats: tuple[int, ...] = ()
     defines: tuple[tuple[str, str], ...] = ()
     include: tuple[str, ...] = ()
-    grad_arrays: tuple[str, ...] | None = None
+    forward_arrays: tuple[str, ...] | None = None
     derive: Any = None  # (xp, params) -> {name: array}; compared by value where it is a dataclass
 
     def __post_init__(self) -> None:
         if len(self.arrays) > 2 or len(self.unit_floats) != len(self.arrays) or any(
                 int(u) < 1 for u in self.unit_floats):
-            raise ValueError(f"gate fragment {self.header}: up to two arrays, each with a positive unit_floats; "
-                             f"got arrays {self.arrays}, unit_floats {self.unit_floats}")
-        if self.grad_arrays is not None and len(self.grad_arrays) != len(self.arrays):
-            raise ValueError(f"gate fragment {self.header}: grad_arrays {self.grad_arrays} must name one parameter "
-                             f"array per array read {self.arrays}")
+            raise ValueError(f"gate fragment {self.header}: up to two parameter arrays, each with a positive "
+                             f"unit_floats; got arrays {self.arrays}, unit_floats {self.unit_floats}")
+        if self.forward_arrays is not None and len(self.forward_arrays) != len(self.arrays):
+            raise ValueError(f"gate fragment {self.header}: forward_arrays {self.forward_arrays} must name one "
+                             f"array per parameter array {self.arrays}")
         if self.derive is not None and not callable(self.derive):
             raise ValueError(f"gate fragment {self.header}: derive must be callable, got "
                              f"{type(self.derive).__name__}")
 
     @property
     def terms(self) -> int:
-        """Parameter-gradient terms per unit: every float of a unit's trained parameters."""
+        """Parameter-gradient terms per unit: every float of a unit's parameters."""
         return int(sum(self.unit_floats))
 
     @property
-    def grads(self) -> tuple[str, ...]:
-        """The parameter arrays whose gradients the kernels form (one per array read)."""
-        return self.arrays if self.grad_arrays is None else self.grad_arrays
+    def forward_names(self) -> tuple[str, ...]:
+        """The arrays the forward's kernels read (one per parameter array)."""
+        return self.arrays if self.forward_arrays is None else self.forward_arrays
 
-    def reads(self, xp: Any, params: Params) -> Params:
-        """What the kernels read: ``params`` and, with ``derive``, the arrays derived from them."""
+    def forward_reads(self, xp: Any, params: Params) -> Params:
+        """What the forward's kernels read: ``params`` and, with ``derive``, the arrays derived from them."""
         if self.derive is None:
             return params
         return {**params, **self.derive(xp, params)}
 
-    def branch_arrays(self, tree: Params, branch: int) -> tuple[Array, ...]:
-        """Branch ``branch``'s arrays the fragment reads, from ``tree`` (:meth:`reads`'s)."""
-        return tuple(tree[name.format(d=branch)] for name in self.arrays)
+    def branch_arrays(self, params: Params, branch: int) -> tuple[Array, ...]:
+        """Branch ``branch``'s parameter arrays (the backward's), from the gate's ``params``."""
+        return tuple(params[name.format(d=branch)] for name in self.arrays)
 
-    def branch_grads(self, grads: Params, branch: int) -> tuple[Array, ...]:
-        """Branch ``branch``'s gradient arrays (:attr:`grads`) from a tree keyed like the parameters."""
-        return tuple(grads[name.format(d=branch)] for name in self.grads)
+    def branch_forward_arrays(self, reads: Params, branch: int) -> tuple[Array, ...]:
+        """Branch ``branch``'s arrays the forward reads, from :meth:`forward_reads`'s tree."""
+        return tuple(reads[name.format(d=branch)] for name in self.forward_names)
 
 
 @runtime_checkable

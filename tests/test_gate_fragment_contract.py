@@ -1,6 +1,6 @@
 """The gate fragment's contract on the host (foxhunt_core.stages.GateFragment and
-foxhunt_core.gpu.gate.branch_launch): the arrays the kernels read, derived arrays, and where the
-parameter gradients go."""
+foxhunt_core.gpu.gate.branch_launch): the arrays the forward's kernels read, derived arrays, and
+the parameters the backward's read and whose gradients they form."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def _double(xp, params):
 
 
 class _Stage:
-    fragment = GateFragment("gate.cuh", arrays=("b{d}.w2", "b{d}.r"), unit_floats=(3, 1),
-                            grad_arrays=("b{d}.w", "b{d}.r"), derive=_double)
+    fragment = GateFragment("gate.cuh", arrays=("b{d}.w", "b{d}.r"), unit_floats=(3, 1),
+                            forward_arrays=("b{d}.w2", "b{d}.r"), derive=_double)
 
 
 def _tree(branches=(0, 1, 2)):
@@ -30,37 +30,40 @@ def _tree(branches=(0, 1, 2)):
     return out
 
 
-def test_reads_hold_the_parameters_and_the_derived_arrays():
+def test_forward_reads_hold_the_parameters_and_the_derived_arrays():
     f = _Stage.fragment
     tree = _tree()
-    reads = f.reads(np, tree)
+    reads = f.forward_reads(np, tree)
     assert set(reads) == set(tree) | {"b0.w2", "b1.w2", "b2.w2"}
     np.testing.assert_array_equal(reads["b1.w2"], 2 * tree["b1.w"])
-    assert f.grads == ("b{d}.w", "b{d}.r") and f.terms == 4
+    assert f.forward_names == ("b{d}.w2", "b{d}.r") and f.terms == 4
     plain = GateFragment("gate.cuh", arrays=("b{d}.w",), unit_floats=(3,))
-    assert plain.reads(np, tree) is tree and plain.grads == plain.arrays
+    assert plain.forward_reads(np, tree) is tree and plain.forward_names == plain.arrays
 
 
-def test_branch_launch_reads_derived_arrays_and_writes_the_parameters_gradients():
+def test_forward_launches_read_derived_arrays_and_backward_launches_the_parameters():
     tree = _tree()
-    grads = {k: np.zeros_like(v) for k, v in tree.items()}
-    launch = branch_launch(_Stage, tree, (2, 0), grads)
+    launch = branch_launch(_Stage, tree, (2, 0))
     (w2_2, r_2), (w2_0, r_0) = launch.params
     np.testing.assert_array_equal(w2_2, 2 * tree["b2.w"])
     np.testing.assert_array_equal(w2_0, 2 * tree["b0.w"])
-    assert r_2 is tree["b2.r"] and r_0 is tree["b0.r"]
-    (gw_2, gr_2), (gw_0, gr_0) = launch.grads
-    assert gw_2 is grads["b2.w"] and gr_2 is grads["b2.r"] and gw_0 is grads["b0.w"] and gr_0 is grads["b0.r"]
+    assert r_2 is tree["b2.r"] and r_0 is tree["b0.r"] and launch.grads is None
     # arrays derived once (the step's) are taken as they are
-    reads = _Stage.fragment.reads(np, tree)
-    again = branch_launch(_Stage, tree, (1,), grads, reads=reads)
-    assert again.params[0][0] is reads["b1.w2"]
+    reads = _Stage.fragment.forward_reads(np, tree)
+    assert branch_launch(_Stage, tree, (1,), reads=reads).params[0][0] is reads["b1.w2"]
+    grads = {k: np.zeros_like(v) for k, v in tree.items()}
+    back = branch_launch(_Stage, tree, (2, 0), grads)
+    assert back.params[0][0] is tree["b2.w"] and back.params[1][1] is tree["b0.r"]
+    assert back.grads[0][0] is grads["b2.w"] and back.grads[1][1] is grads["b0.r"]
+    with pytest.raises(ValueError, match="gate_glu_forward: the gate's forward reads"):
+        back.check_forward("gate_glu_forward")
+    launch.check_forward("glu_gemm")  # (a forward's launch passes)
 
 
 @pytest.mark.parametrize(("kw", "msg"), [
-    ({"arrays": ("a", "b", "c"), "unit_floats": (1, 1, 1)}, "up to two arrays"),
+    ({"arrays": ("a", "b", "c"), "unit_floats": (1, 1, 1)}, "up to two parameter arrays"),
     ({"arrays": ("a",), "unit_floats": (0,)}, "positive unit_floats"),
-    ({"arrays": ("a",), "unit_floats": (1,), "grad_arrays": ("a", "b")}, "one parameter array per array read"),
+    ({"arrays": ("a",), "unit_floats": (1,), "forward_arrays": ("a", "b")}, "one array per parameter array"),
     ({"arrays": ("a",), "unit_floats": (1,), "derive": 3}, "derive must be callable"),
 ])
 def test_bad_fragments_are_refused(kw, msg):

@@ -68,6 +68,13 @@ class GateLaunch:
     def terms(self) -> int:
         return self.fragment.terms
 
+    def check_forward(self, k: str) -> None:
+        """Refuse a backward's launch (the parameters) in a forward kernel of a fragment whose
+        forward reads other arrays."""
+        if self.grads is not None and self.fragment.forward_arrays is not None:
+            raise ValueError(f"{k}: the gate's forward reads {self.fragment.forward_arrays}, not its parameters: "
+                             "pass a forward's launch (branch_launch without grads)")
+
     def compile_options(self) -> tuple[dict[str, Any], tuple[str, ...]]:
         """The defines and include directories of a kernel built with this gate."""
         f = self.fragment
@@ -97,7 +104,8 @@ class GateLaunch:
                 if len(arrays) != len(f.arrays):
                     raise ValueError(f"{k}: branch {s}'s gate {what}: {len(arrays)} arrays, the fragment reads "
                                      f"{len(f.arrays)}")
-                for a, (name, u) in enumerate(zip(f.arrays if what == "params" else f.grads, f.unit_floats)):
+                names = f.forward_names if what == "params" and self.grads is None else f.arrays
+                for a, (name, u) in enumerate(zip(names, f.unit_floats)):
                     x = arrays[a]
                     d = self.branches[s] if len(self.branches) == sets else s  # (the network's branch)
                     _unit_array(k, f"gate {what} {name.format(d=d)}", x, units, u)
@@ -121,6 +129,7 @@ def gate_glu_forward(pv: Array, gate: GateLaunch, *, width: int | None = None, b
     branch ``b`` of ``blocks`` reading ``gate.params[b]``): ``h = gate(pre) * value``, augmented
     to ``width`` columns per branch."""
     k = "gate_glu_forward"
+    gate.check_forward(k)
     B, H, ld_pv, W, h, ld_h = glu_output(k, pv, blocks, width, h)
     defs, inc = gate.compile_options()
     if B:
@@ -179,15 +188,20 @@ def gate_terms_reduce(partial: Array, gate: GateLaunch, *, ctas: int, warps: int
 def branch_launch(stage: Any, params: dict, branches: Sequence[int], grads: dict | None = None,
                   reads: dict | None = None) -> GateLaunch:
     """The launch of the gate ``stage`` (its ``fragment``) over the network's ``branches`` (in
-    order) with the gate's parameter tree ``params`` and, for a backward, ``grads``: where the
-    gradients go, keyed like ``params``. ``reads`` is what the kernels read
-    (``fragment.reads(xp, params)``: the parameters and the arrays derived from them), derived
-    here when not given; a step derives them once per forward and passes them to every launch."""
+    order) with the gate's parameter tree ``params``. A forward's launch (no ``grads``) reads the
+    fragment's forward arrays: ``reads`` (``fragment.forward_reads(xp, params)``, which a step
+    derives once per forward and passes to every launch), derived here when not given. A
+    backward's reads the parameters and writes their gradients into ``grads``, keyed like
+    ``params``."""
     f = stage.fragment
-    if reads is None:
-        reads = f.reads(_array_module(params), params)
-    ps = tuple(f.branch_arrays(reads, d) for d in branches)
-    gs = None if grads is None else tuple(f.branch_grads(grads, d) for d in branches)
+    if grads is None:
+        if reads is None:
+            reads = f.forward_reads(_array_module(params), params)
+        ps = tuple(f.branch_forward_arrays(reads, d) for d in branches)
+        gs = None
+    else:
+        ps = tuple(f.branch_arrays(params, d) for d in branches)
+        gs = tuple(f.branch_arrays(grads, d) for d in branches)
     return GateLaunch(f, ps, gs, stage, params, grads, tuple(branches))
 
 

@@ -149,11 +149,12 @@ def test_elementwise_glu_with_the_fragments_gate(cp, rng, gate, M, H, sets):
     for d in range(sets):
         pv64[:, 2 * H * d : 2 * H * d + H] = gates[:, H * d : H * (d + 1)]
     dh64 = rng.normal(0, 1.0, (M, sets * H)).astype(np.float32).astype(np.float64)
-    dev, twin, grads = _launches(cp, stage, tree, sets, True)
+    fwd, twin, _ = _launches(cp, stage, tree, sets, False)
     W = H + 4
     h = nan_like(cp, (M, sets * W))
-    K.gate_glu_forward(to_dev(cp, pv64), dev, width=W, blocks=sets, h=h)
+    K.gate_glu_forward(to_dev(cp, pv64), fwd, width=W, blocks=sets, h=h)
     assert_close("h", h, R.gate_glu_forward(pv64, twin, W, sets), TOL)
+    dev, twin, grads = _launches(cp, stage, tree, sets, True)
     ref_dpv, ref_grads = R.gate_glu_backward(dh64, pv64, twin, sets)
     pv = to_dev(cp, pv64)
     K.gate_glu_backward(to_dev(cp, dh64), pv, dev, blocks=sets, dpv=pv)  # in place, as the update runs it

@@ -203,7 +203,7 @@ def twin_kernels() -> types.SimpleNamespace:
 def put_grads(gate, grads):
     """The gate's gradients of the launch's branches into its gradient tree, as the kernels write them."""
     for d in gate.branches:
-        for name in gate.fragment.grads:
+        for name in gate.fragment.arrays:
             key = name.format(d=d)
             gate.grad_tree[key][...] = grads[key]
 

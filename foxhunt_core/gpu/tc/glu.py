@@ -149,6 +149,8 @@ def glu_gemm(u: Array, w: Array, *, bias: Array | None = None, width: int | None
     pv_tma = cfg.pv_tma and pv_rows > 0 and ld_pv % 4 == 0 and pv.data.ptr % 16 == 0
     map_pv = tma.matrix_map(k, "pv", pv, GLU_GEMM_BOX_K, GLU_GEMM_ROWS) if pv_tma else map_h  # (unread unless pv_tma)
     tail = (K - 1) % GLU_GEMM_BOX_K // 8 + 1  # k steps of 8 in the last chunk (a variant per count)
+    if gate is not None:
+        gate.check_forward(k)
     gate_defs, gate_inc = gate.compile_options() if gate is not None else ({}, ())
     wide = cfg.wide if cfg.wide is not None else bool(gate is not None and gate_defs and gate.terms)
     gate_args = gate.args(k, blocks, H) if gate is not None else np.zeros(1, dtype=GATE_ARGS)

@@ -38,7 +38,6 @@ class Backward:
         self.ggate: dict[str, Array] = {}
         self.gate_slots_into = (grads_into or {}).get(net.gate.name, {})
         self.ggate_slots: dict[str, Array] | None = None  # the gate's gradients, where its fragment writes them
-        self.gate_tree: dict[str, Array] | None = None  # what the fragment reads (gate_reads)
         self.zt: list[Array] = []  # z transposed and rounded to TF32 (wgrad_gemm's xt), made once for every group
 
     # ------------------------------------------------------------------ where gradients go
@@ -50,14 +49,6 @@ class Backward:
             self.ggate_slots = {k: into[k] if k in into else xp.empty(v.shape, dtype=v.dtype)
                                 for k, v in self.gp.items()}
         return self.ggate_slots
-
-    def gate_reads(self) -> dict[str, Array]:
-        """What the gate's fragment reads: the forward's (its parameters and what it derived from
-        them), or derived here for a cache without them."""
-        if self.gate_tree is None:
-            reads = self.c.get("gate_reads")
-            self.gate_tree = reads if reads is not None else self.net.gate.fragment.reads(self.xp, self.gp)
-        return self.gate_tree
 
     def slot(self, name: str) -> Array:
         s = self.slots.get(name)
@@ -267,7 +258,7 @@ class Backward:
         dq_in_gemm = tc_dh and self.use_zq and MAGNITUDE in g and bool(plan.glu_backward_dq)
         launch = None  # the gate's fragment (None: the sigmoid), its gradients written into ggate_slots
         if plan.gate_fast and not plan.gate_built_in:
-            launch = K.branch_launch(net.gate, self.gp, g, self.gate_grads(), reads=self.gate_reads())
+            launch = K.branch_launch(net.gate, self.gp, g, self.gate_grads())
         if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
             sets = K.GLU_BACKWARD_GEMM_SETS
             for i in range(0, n, sets):
@@ -282,8 +273,7 @@ class Backward:
                     q_kw = {"dq": self.dq_z[:, :n_dir], "wq": self.block(ghome)[H2 : H2 + n_dir, c0 : c0 + 2 * H],
                             "dq_set": part.index(MAGNITUDE)}
                 if launch is not None:  # the part's branches
-                    q_kw["gate"] = K.branch_launch(net.gate, self.gp, part, self.gate_grads(),
-                                                   reads=self.gate_reads())
+                    q_kw["gate"] = K.branch_launch(net.gate, self.gp, part, self.gate_grads())
                 K.glu_backward_gemm([dadv[:, hcol[d] : hcol[d + 1]] for d in part], wos,
                                     dpv[:, 2 * H * i : 2 * H * (i + len(part))],
                                     config=plan.knobs.glu_backward_gemm_config, **q_kw)

@@ -204,21 +204,21 @@ def test_manifest_is_discovered_and_validated():
 
 
 @pytest.mark.parametrize("grid", [Grid(), Grid(-2.5, 3.0, 12)], ids=str)
-def test_fragment_reads_the_knot_power_form_and_trains_the_coefficients(grid):
-    """The fused kernels read b{d}.power (derived from b{d}.coeff before each forward) and
-    b{d}.residual, and write the gradients of b{d}.coeff and b{d}.residual: the same floats a unit.
-    The derive (NumPy here) is the float64 product rounded once to the coefficients' dtype, and the
+def test_fragment_reads_the_knot_power_form_in_the_forward(grid):
+    """The fused forward kernels read b{d}.power (derived from b{d}.coeff before each forward) and
+    b{d}.residual; the backward's read b{d}.coeff and b{d}.residual and form their gradients. The
+    derive (NumPy here) is the float64 product rounded once to the coefficients' dtype, and the
     form it gives is the twin's spline."""
     from foxhunt_kan_gate.spline import knot_power_map, knot_power_value
 
     stage = KanGateStage(grid=grid)
     f = stage.fragment
-    assert f.arrays == ("b{d}.power", "b{d}.residual") and f.grads == ("b{d}.coeff", "b{d}.residual")
+    assert f.arrays == ("b{d}.coeff", "b{d}.residual") and f.forward_names == ("b{d}.power", "b{d}.residual")
     assert f.unit_floats == (grid.num_bases, 1) and f.terms == grid.num_bases + 1
     rng = np.random.default_rng(3)
     params = {k: (v + rng.normal(0, 0.2, v.shape)).astype(np.float32)
               for k, v in stage.init_params((16, 16, 16), rng).items()}
-    reads = f.reads(np, params)
+    reads = f.forward_reads(np, params)
     assert {k for k in reads if k.endswith(".power")} == {"b0.power", "b1.power", "b2.power"}
     for d in range(3):
         c = params[f"b{d}.coeff"]
@@ -229,5 +229,5 @@ def test_fragment_reads_the_knot_power_form_and_trains_the_coefficients(grid):
         spline = knot_power_value(np, x, power.astype(np.float64)[None], grid)
         want = (basis_matrix(np, x, grid) * c.astype(np.float64)[None]).sum(-1)
         np.testing.assert_allclose(spline, want, rtol=0, atol=1e-5)
-    assert f.branch_arrays(reads, 1)[0] is reads["b1.power"]
-    assert f.branch_grads(params, 1)[0] is params["b1.coeff"]
+    assert f.branch_forward_arrays(reads, 1)[0] is reads["b1.power"]
+    assert f.branch_arrays(params, 1)[0] is params["b1.coeff"]

@@ -137,27 +137,6 @@ __device__ __forceinline__ float kan_power_spline(const KanPower& w, float u) {
     return raw;
 }
 
-// S(u) and dS/du together (the backward's).
-__device__ __forceinline__ float kan_power_spline_slope(const KanPower& w, float u, float* slope) {
-    const float s = u - ((float)KG_MID + 0.5f);
-    float raw = fmaf(fmaf(fmaf(w.p[3], s, w.p[2]), s, w.p[1]), s, w.p[0]);
-    float ds = fmaf(fmaf(3.0f * w.p[3], s, 2.0f * w.p[2]), s, w.p[1]);
-#pragma unroll
-    for (int i = 0; i < KG_RIGHT; ++i) {
-        const float t = fmaxf(u - (float)(KG_MID + 1 + i), 0.0f), dt = w.p[4 + i] * t;
-        raw = fmaf(dt, t * t, raw);
-        ds = fmaf(3.0f * dt, t, ds);
-    }
-#pragma unroll
-    for (int i = 0; i < KG_LEFT; ++i) {
-        const float t = fmaxf((float)(KG_MID - i) - u, 0.0f), et = w.p[4 + KG_RIGHT + i] * t;
-        raw = fmaf(et, t * t, raw);
-        ds = fmaf(-3.0f * et, t, ds);
-    }
-    *slope = ds;
-    return raw;
-}
-
 // clamp(raw, 0, 1) that lets NaN through (fminf/fmaxf would turn it into 0 or 1)
 __device__ __forceinline__ float kan_clamp01(float raw) {
     return raw < 0.0f ? 0.0f : (raw > 1.0f ? 1.0f : raw);
