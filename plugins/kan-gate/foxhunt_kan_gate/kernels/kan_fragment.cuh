@@ -10,9 +10,9 @@
 //                             it forms.
 // The forward evaluates every knot term of the unit whatever x is: the unit's floats are read at
 // addresses that do not depend on x. Reading the four coefficients at x's knot interval (what the
-// backward does) cost glu_gemm 1.34x the sigmoid's time at 131072 rows, against 1.27x
-// (benchmarks/bench_gate_epilogue.py, 2026-12-03): loads whose addresses wait on x, in an epilogue
-// with few registers to spare for hiding them. In the backward the knot-power form gained nothing
+// backward does) cost glu_gemm 1.42x the sigmoid's time at 131072 rows, against 1.28x (both with
+// 168 registers; docs/benchmark-history.md, 2026-12-03): loads whose addresses wait on x, in an
+// epilogue with few registers to spare for hiding them. In the backward the knot-power form gained nothing
 // (its terms are the bases' values at x's interval either way).
 #pragma once
 #include "kan_gate.cuh"
