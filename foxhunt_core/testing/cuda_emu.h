@@ -198,6 +198,7 @@ inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
 struct __attribute__((aligned(16))) float4 {
     float x, y, z, w;
 };
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 template <class T>
 inline T __ldg(const T* p) { return *p; }

@@ -39,8 +39,9 @@ from .graph import EDGES, param_names, param_shapes
 KERNEL_FILE = Path(__file__).parent / "kernels" / "graph_message.cu"
 KERNEL_FUNCTIONS = ("graph_message_forward", "graph_message_backward", "graph_message_grad_reduce")
 THREADS = 128  # GM_THREADS
-BACKWARD_BLOCKS_PER_SM = 3  # ~166 registers x 128 threads (ptxas, sm_90)
-FORWARD_BLOCKS_PER_SM = 8
+# Blocks resident on an SM at the defaults (ptxas, sm_90; the parameters in every thread's registers):
+BACKWARD_BLOCKS_PER_SM = 3  # 168 registers x 128 threads
+FORWARD_BLOCKS_PER_SM = 4  # 110 registers x 128 threads
 REDUCE_THREADS = 1024  # GM_REDUCE_WARPS x 32
 _FUNCS: dict[tuple[Any, ...], Any] = {}
 

@@ -16,16 +16,17 @@
 // A row's hidden units are split into DR_SPLIT parts, part v holding the units v, v + DR_SPLIT, ...;
 // a part's share of W2 h (and, in the backward, of Wq^T dpre) is one chain of multiply-adds, and
 // the row's sum adds the DR_SPLIT shares in one fixed tree, ((p0 + p1) + (p2 + p3)) + (...). The
-// row belongs to DR_LANES consecutive lanes of a warp (a power of two dividing DR_SPLIT), lane t
-// holding the parts t DR_W ... t DR_W + DR_W - 1: the tree's lower levels are its own additions,
-// the upper ones a butterfly of shuffles, after which every lane holds the row's sum. So the bits
+// row belongs to DR_LANES lanes of a warp (a power of two dividing DR_SPLIT; lanes DR_RW apart,
+// dr_lane and dr_row say why), its lane t holding the parts t DR_W ... t DR_W + DR_W - 1: the
+// tree's lower levels are its own additions, the upper ones a butterfly of shuffles, after which
+// every lane holds the row's sum. So the bits
 // do not depend on DR_LANES (each exchange adds the same two values, whichever lane adds them),
 // and the wrapper picks the lanes by batch size: many lanes where a few thousand rows would leave
 // most of the device idle, few where the rows fill it and the shuffles would cost throughput.
 
 // A row's sums are bound by shared memory, not by arithmetic: a load serves a warp a float per
-// lane (32 floats a cycle an SM, 128-bit loads in four wavefronts however few their addresses),
-// against 128 multiply-adds a cycle. So a forward thread may take DR_RPT rows at once, each weight
+// lane (32 floats a cycle an SM; 128-bit loads in four wavefronts, two where lane pairs share
+// their addresses, as they do here), against 128 multiply-adds a cycle. So a forward thread may take DR_RPT rows at once, each weight
 // it loads then serving DR_RPT of them; every row's arithmetic is the same, so the bits do not
 // depend on DR_RPT either. Ws sits in shared memory already scaled by its step's c_k.
 
@@ -76,6 +77,7 @@
 #define DR_E (2 * H_ * A_ + H_ + A_ * H_ + A_)            // one step's parameters
 #define DR_P (K_ * DR_E)                                   // all of them: a row of partials
 #define DR_BT (DR_ROWS * G_)                               // backward: threads per block
+#define DR_RW (32 / G_)                                    // rows of a warp
 // The forward's blocks resident per SM (its launch bound): three (80 registers) where a lane has
 // at most 3 units of one row, which fits them without spills, else two (cuda.py:
 // forward_blocks_per_sm)
@@ -155,6 +157,14 @@ __device__ __forceinline__ void dr_load_params(float* P, const float* __restrict
     __syncthreads();
 }
 
+// A warp holds DR_RW rows, lane l taking part t = l / DR_RW of row l % DR_RW: lanes next to each
+// other are of different rows and load the same weights. The hardware packs a 128-bit shared
+// load's returns where every lane pair l, l ^ 1 reads one address, in two wavefronts instead of
+// four (lanes of one row next to each other, the kernels were 10-30 % slower: BENCHMARKS.md). A
+// row's butterfly is then over lanes DR_RW apart.
+__device__ __forceinline__ int dr_lane() { return (int)(threadIdx.x % 32) / DR_RW; }
+__device__ __forceinline__ int dr_row() { return (int)(threadIdx.x / 32) * DR_RW + (int)(threadIdx.x % DR_RW); }
+
 // Whether hidden unit i exists (a compile-time true where DR_SPLIT divides H_).
 __device__ __forceinline__ bool dr_has(int i) { return H_ % DR_SPLIT == 0 || i < H_; }
 
@@ -209,7 +219,7 @@ __device__ __forceinline__ void dr_row_sum(const F& part, float (&r)[R][A_]) {
 #pragma unroll
         for (int q = 0; q < R; ++q)
 #pragma unroll
-            for (int j = 0; j < A_; ++j) r[q][j] += __shfl_xor_sync(0xffffffffu, r[q][j], m);
+            for (int j = 0; j < A_; ++j) r[q][j] += __shfl_xor_sync(0xffffffffu, r[q][j], m * DR_RW);
 }
 
 // A step (parameters W, Ws scaled) of the R rows x by lane t: the pre-activations of its units into
@@ -289,17 +299,17 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS, DR_FORWARD_BLOCKS) diff
 {
     __shared__ __align__(16) float P[DR_P];
     constexpr int groups = DR_THREADS / G_, rows = groups * DR_RPT;
-    const int t = threadIdx.x % G_;
+    const int t = dr_lane();
     const long long first = (long long)blockIdx.x * rows;
     float x[DR_RPT][A_], sig[DR_RPT][A_];
 #pragma unroll
     for (int r = 0; r < DR_RPT; ++r)
-        dr_load_row(q, var, first + threadIdx.x / G_ + r * groups, batch, x[r], sig[r]);
+        dr_load_row(q, var, first + dr_row() + r * groups, batch, x[r], sig[r]);
     dr_load_params<DR_THREADS>(P, w_q, w_sigma, b1, w2, b2);
     // The loop is uniform over the block (its rows past the batch run on zeros): every lane of a
     // warp takes part in the shuffles. A thread's rows are groups apart (the warp's loads coalesce).
     for (long long b0 = first; b0 < batch; b0 += (long long)gridDim.x * rows) {
-        const long long b = b0 + threadIdx.x / G_;
+        const long long b = b0 + dr_row();
         float pre[DR_RPT][DR_LU];
 #pragma unroll
         for (int r = 0; r < DR_RPT; ++r) {
@@ -400,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(DR_BT, 2) diffusion_refine_backward
     }
     dr_load_params<DR_BT>(P, w_q, w_sigma, b1, w2, b2);   // (its barrier covers the writes above)
 
-    const int r = threadIdx.x / G_, t = threadIdx.x % G_;
+    const int r = dr_row(), t = dr_lane();
     const float s = step_scale;
     float acc[DR_MT][16];
 #pragma unroll
