@@ -50,6 +50,11 @@ CANDIDATES = 8  # heuristic results asked for per plan
 # cublasLtMatmulAlgoConfigAttributes_t: (name, attribute, C type) as algo_config reports them
 _CONFIG = (("id", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("split_k", 2, ctypes.c_uint32),
            ("reduction", 3, ctypes.c_uint32), ("stages", 6, ctypes.c_uint32))
+# Every attribute that makes an algorithm what it is (cublasLtMatmulAlgoConfigAttributes_t): a
+# recorded algorithm is found again among a new plan's candidates by these, not by its opaque bytes,
+# whose tail differs from one heuristic query to the next for the same algorithm.
+_IDENTITY = (*_CONFIG, ("swizzle", 4, ctypes.c_uint32), ("custom_option", 5, ctypes.c_uint32),
+             ("inner_shape", 7, ctypes.c_uint16), ("cluster_shape", 8, ctypes.c_uint16))
 _TUNE_WARMUP, _TUNE_REPEATS = 2, 5  # launches per candidate: untimed, then timed (median)
 # Before each candidate's launches the stream gets this much memset work, so the GPU is still busy
 # while the host queues them and the times are the kernels', not the host's launch overhead.
@@ -123,7 +128,8 @@ def tuning_record() -> dict[str, Any]:
 def load_tuning_record(record: Any, source: str) -> bool:
     """Take the choices of a :func:`tuning_record` (e.g. the one a run directory keeps): a plan
     made later with autotuning on runs the recorded algorithm, untimed, when it is still among the
-    heuristic's candidates (so a resumed run repeats the first run's GEMMs bit for bit). Returns
+    heuristic's candidates (known by its configuration: ``_IDENTITY``), so a resumed run repeats
+    the first run's GEMMs bit for bit. Returns
     False, taking nothing, when the record is for another GPU or cuBLASLt; raises ValueError
     naming ``source`` when it is malformed."""
     check_tuning_record(record, source)
@@ -293,9 +299,13 @@ def algo_config(algo: _Algo) -> dict[str, int | None]:
     """What an algorithm is (cuBLASLt's enums): ``id``, ``tile``, ``split_k`` (the slices of K:
     ``0xffffffff`` where the kernel decides), ``reduction`` and ``stages``; None for an attribute
     the library does not report for it."""
+    return _attributes(algo, _CONFIG)
+
+
+def _attributes(algo: _Algo, attrs: tuple[tuple[str, int, Any], ...]) -> dict[str, int | None]:
     lib = _load()
     out: dict[str, int | None] = {}
-    for name, attr, ctype in _CONFIG:
+    for name, attr, ctype in attrs:
         v, written = ctype(0), ctypes.c_size_t(0)
         status = lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v),
                                                           ctypes.sizeof(v), ctypes.byref(written))
@@ -383,8 +393,10 @@ def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: in
                                   vp(workspace.ptr), WORKSPACE_BYTES, vp(stream_ptr))
 
     if _autotune and not plan.tuned and plan.name in _recorded:  # (inside a capture too: no timing)
-        want = bytes.fromhex(_recorded[plan.name])
-        match = [i for i, a in enumerate(plan.algos) if bytes(a) == want]
+        want = _Algo.from_buffer_copy(bytes.fromhex(_recorded[plan.name]))
+        same = _attributes(want, _IDENTITY)
+        match = ([i for i, a in enumerate(plan.algos) if bytes(a) == bytes(want)]
+                 or [i for i, a in enumerate(plan.algos) if _attributes(a, _IDENTITY) == same])
         if match:
             plan.chosen, plan.tuned = match[0], True
             _tuned.append(plan)
