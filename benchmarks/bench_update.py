@@ -335,6 +335,10 @@ def main() -> int:
     ap.add_argument("--q-in-line", action="store_true",
                     help="also time each flag set with its Q pipeline at s after the network's backward on the "
                          "main stream (the plan's q_stream off; a 'foxhunt FILE (Q in line)' column each)")
+    ap.add_argument("--q-late", action="store_true",
+                    help="also time each flag set with its Q pipeline's forward at s forking after the loss "
+                         "kernel, not beside the bootstrap (the plan's q_early off; a 'foxhunt FILE (Q late)' "
+                         "column each)")
     args = ap.parse_args()
     from foxhunt_core.flags import FlagError, load_flags
 
@@ -372,11 +376,13 @@ def main() -> int:
             res[col] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f)
             print(f"B={B} {col}: {res[col]:.3f} ms ({res[col] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
                   flush=True)
-            if args.q_in_line:
-                c = f"{col} (Q in line)"
-                res[c] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f, plan=dict(q_stream=False))
-                print(f"B={B} {c}: {res[c]:.3f} ms ({res[c] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
-                      flush=True)
+            for on, tag, plan in ((args.q_in_line, "Q in line", dict(q_stream=False)),
+                                  (args.q_late, "Q late", dict(q_early=False))):
+                if on:
+                    c = f"{col} ({tag})"
+                    res[c] = bench_foxhunt(B, args.repeats, graphs=True, tune=True, flags=f, plan=plan)
+                    print(f"B={B} {c}: {res[c]:.3f} ms ({res[c] / res['foxhunt']:.3f}x stage 0)", file=sys.stderr,
+                          flush=True)
         if not args.skip_torch:
             kinds = list(args.torch)
             kinds += [k for k in MAX_AUTOTUNE_KINDS if k not in kinds] if B in args.max_autotune else []

@@ -139,6 +139,16 @@ class FusedStep(Step):
         taken = batch["action"] + self.branch_base  # taken action per branch, [B, D]
         D = taken.shape[1]
         out, on_next, tgt = self.forwards(batch)
+        # The Q pipeline at s, the auxiliary loss and their backward read only the forward's E[Q]
+        # and Var[Q], the loss kernel's E[m] and the parameters; where the plan says so they run on
+        # a stream of their own (gpu/streams.py, lane 1). The pipeline's forward forks as soon as
+        # the forwards are done, beside the bootstrap's chain of small kernels at s' on this
+        # stream; the auxiliary loss and the backward follow the loss kernel, beside the network's
+        # backward. Every buffer the lane reads stays alive, and unwritten, until the join below.
+        early = self.plan.knobs.q_early
+        if early:
+            with self.q_lane.beside():
+                q = self.q_pipeline(self.online, out, keep_cache=True)
         # Bootstrap, projection, loss and its gradient over all actions: the bootstrap actions'
         # target distributions (from the target's heads), the gather of the taken rows and the
         # scatter of the gradient happen inside the loss kernel.
@@ -150,13 +160,9 @@ class FusedStep(Step):
             None, batch["reward"], disc, out.log_probs, self.z, coeff, next_heads=tgt.heads,
             next_action=a_star, action=taken, offsets=self.offsets, dlogits_full=True,
             loss=stats[0], entropy=stats[1], write_m=False, m_mean=y)
-        # The Q pipeline at s, the auxiliary loss and their backward read only the forward's E[Q]
-        # and Var[Q], the loss kernel's E[m] and the parameters; where the plan says so they run on
-        # a stream of their own (gpu/streams.py, lane 1), beside the network's backward: a chain of
-        # small kernels that would otherwise wait for the backward's GEMMs, and they for it. Every
-        # buffer the lane reads stays alive, and unwritten, until the join below.
-        with self.q_lane.beside():
-            q = self.q_pipeline(self.online, out, keep_cache=True)
+        with self.q_lane.beside():  # after the loss kernel (its E[m]) and the forward at s queued above
+            if not early:
+                q = self.q_pipeline(self.online, out, keep_cache=True)
             # Squared error into the third row of stats, its gradient at the taken actions: one launch.
             _, dq = K.aux_error(xp.ascontiguousarray(q.q_coord), taken, y, 2.0 * t.aux_weight / (B * D),
                                 self.offsets, err2=stats[2])

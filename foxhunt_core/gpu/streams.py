@@ -21,7 +21,9 @@ warm-up runs before its capture), with its own cuBLAS workspaces (:mod:`.cublas`
 A second lane (``SideStream(lane=1)``, a third stream) takes the update's Q pipeline at s: the
 attention, the post-attention stages, the auxiliary loss and their backward read only the
 forward's E[Q] and Var[Q] and the loss kernel's E[m], so the chain of small kernels runs beside the
-network's backward (whose own side stream, lane 0, keeps the weight gradients).
+network's backward (whose own side stream, lane 0, keeps the weight gradients); the pipeline's
+forward forks earlier still, beside the bootstrap's chain at s' (two ``beside`` blocks on the lane:
+the second waits for the loss kernel).
 """
 
 from __future__ import annotations

@@ -147,33 +147,37 @@ def test_graph_replay_equals_eager_updates(with_stages):
 
 def test_q_pipeline_beside_the_backward_changes_no_bit():
     """The plan's q_stream: the Q pipeline at s (attention, the post-attention stage, the auxiliary
-    loss and their backward) on a stream of its own, beside the network's backward, gives the same
-    bits as in line after it, eagerly (gradients and scalars of one update at 4096 rows, where the
-    two overlap) and captured (five replays against five in-line eager updates)."""
+    loss and their backward) on a stream of its own, its forward forking beside the bootstrap
+    (q_early) or after the loss kernel, gives the same bits as in line after the network's
+    backward, eagerly (gradients and scalars of one update at 4096 rows, where they overlap) and
+    captured (five replays against five in-line eager updates)."""
     cp = _cp()
     from foxhunt_core.graphs import GraphedUpdate
 
     rng = np.random.default_rng()
     seed = int(rng.integers(1 << 30))
     agent = Agent(_settings(), _plugins(True), cp, np.random.default_rng(seed))
-    assert agent.plan.q_stream, agent.plan.q_stream.why
+    assert agent.plan.q_stream and agent.plan.knobs.q_early, agent.plan.q_stream.why
     batch = _to(cp, {"b": _batch(rng, 4096)})["b"]
     results = []
-    for beside in (True, False):
-        if not beside:
-            agent.replan(q_stream=False)
-            assert not agent.plan.q_stream
+    for overrides in ({}, {"q_early": False}, {"q_stream": False}):
+        if overrides:
+            agent.replan(**overrides)
+            assert bool(agent.plan.q_stream) is overrides.get("q_stream", True)
+            assert agent.plan.knobs.q_early is overrides.get("q_early", True)
         g, sc, _, q = agent.loss_and_grads(batch, 0.01)
         # (the gradients are views of the flat buffer that the next call overwrites)
         results.append(({o: {k: _host(v) for k, v in sub.items()} for o, sub in g.items()},
                         {k: float(v) for k, v in sc.items()}, _host(q.q_coord)))
-    (g_on, s_on, q_on), (g_off, s_off, q_off) = results
-    assert s_on == s_off
-    np.testing.assert_array_equal(q_on, q_off)
-    assert g_on.keys() == g_off.keys() and {"affine_post"} <= g_on.keys()
-    for o, sub in g_off.items():
-        for k, v in sub.items():
-            np.testing.assert_array_equal(g_on[o][k], v, err_msg=f"{o}/{k}")
+    g_off, s_off, q_off = results[-1]
+    assert {"affine_post"} <= g_off.keys()
+    for g_on, s_on, q_on in results[:-1]:
+        assert s_on == s_off
+        np.testing.assert_array_equal(q_on, q_off)
+        assert g_on.keys() == g_off.keys()
+        for o, sub in g_off.items():
+            for k, v in sub.items():
+                np.testing.assert_array_equal(g_on[o][k], v, err_msg=f"{o}/{k}")
 
     eager = Agent(_settings(), _plugins(True), cp, np.random.default_rng(seed), plan_overrides={"q_stream": False})
     graphed = Agent(_settings(), _plugins(True), cp, np.random.default_rng(seed))

@@ -133,16 +133,20 @@ def test_the_plans_record_names_the_kernels_that_run(case):
 
 
 def test_the_record_says_where_the_q_pipeline_runs():
-    """The Q pipeline at s beside the network's backward on a third stream by default; in line
-    with the knob off, and the record says which and why."""
+    """The Q pipeline at s on a third stream by default, its forward forking beside the bootstrap;
+    after the loss kernel with q_early off; in line with q_stream off; the record says which and why."""
     kind, shape, dev, tf32, rows = RECORD_CASES[0]
     cc, sms = DEVICES[dev]
     net = network(shape)
-    for on in (True, False):
-        plan = ExecutionPlan.build(net, Device(cc, sms), tf32, rows, **({} if on else {"q_stream": False}))
+    kernels = {(): "on a third stream, its forward beside the bootstrap at s', the rest beside the network's "
+                    "backward",
+               (("q_early", False),): "on a third stream after the loss kernel, beside the network's backward",
+               (("q_stream", False),): "after the network's backward, on the main stream"}
+    for overrides, kernel in kernels.items():
+        plan = ExecutionPlan.build(net, Device(cc, sms), tf32, rows, **dict(overrides))
+        on = dict(overrides).get("q_stream", True)
         assert bool(plan.q_stream) is on
         (c,) = [c for c in record.choices(plan) if c["what"] == "the Q pipeline at s and its backward"]
-        assert c["kernel"] == ("on a third stream, beside the network's backward" if on
-                               else "after the network's backward, on the main stream")
+        assert c["kernel"] == kernel
         assert c["why"] == ("a third stream" if on else "q_stream switched off "
                             "(BENCHMARKS.md#the-execution-plans-thresholds (q_stream))")

@@ -153,6 +153,7 @@ class Knobs:
     joint_dz: bool = True
     side_stream: bool = True
     q_stream: bool = True
+    q_early: bool = True  # on q_stream: the Q pipeline's forward at s beside the bootstrap (else after the loss)
     # how the tensor-core kernels are built (their rings of stages, clusters, staging)
     glu_gemm_config: GluGemmConfig = field(default_factory=GluGemmConfig)
     linear_gemm_config: LinearGemmConfig = field(default_factory=LinearGemmConfig)

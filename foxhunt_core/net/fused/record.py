@@ -125,7 +125,9 @@ def choices(plan: ExecutionPlan) -> list[Choice]:
             out += _forward(plan, f"{name} forward ({B} rows)", B, False, [w])
     out += _backward(plan, B)
     out.append(_choice("update", "the Q pipeline at s and its backward",
-                       "on a third stream, beside the network's backward" if plan.q_stream
+                       ("on a third stream, its forward beside the bootstrap at s', the rest beside the "
+                        "network's backward" if plan.knobs.q_early else "on a third stream after the loss "
+                        "kernel, beside the network's backward") if plan.q_stream
                        else "after the network's backward, on the main stream", plan.q_stream.why))
     if plan.act_rows:
         out += _forward(plan, f"acting forward ({plan.act_rows} rows)", plan.act_rows, False, [("q",)])
