@@ -120,7 +120,7 @@ def tuning_record() -> dict[str, Any]:
     by its shapes, layouts, alignments and epilogue, an algorithm by cuBLASLt's opaque bytes."""
     plans = dict(_recorded)
     for p in _tuned:
-        if p.algos:
+        if p.algos and not p.from_record:  # (a recorded choice keeps its bytes: the query's tail differs)
             plans[p.name] = bytes(p.algos[p.chosen]).hex()
     return {"format": RECORD_FORMAT, "device": device_tag(), "plans": dict(sorted(plans.items()))}
 
@@ -292,6 +292,7 @@ class _Plan:
                      f"a{','.join(map(str, aligns))} b{_alignment(bias_ptr) if bias_ptr else 0} "
                      f"x{','.join(map(str, batch))}")
         self.tuned, self.chosen = False, 0
+        self.from_record = False  # chosen as a loaded record says (tuning_record then keeps the record's bytes)
         self.times_ms: list[float | None] = []
 
 
@@ -398,7 +399,7 @@ def matmul(compute: int, op_a: int, op_b: int, m: int, n: int, k: int, a_ptr: in
         match = ([i for i, a in enumerate(plan.algos) if bytes(a) == bytes(want)]
                  or [i for i, a in enumerate(plan.algos) if _attributes(a, _IDENTITY) == same])
         if match:
-            plan.chosen, plan.tuned = match[0], True
+            plan.chosen, plan.tuned, plan.from_record = match[0], True, True
             _tuned.append(plan)
     if _autotune and not plan.tuned and not _capturing(stream_ptr):
         if len(plan.algos) > 1:
