@@ -79,8 +79,10 @@ class GateFragment:
     calls it once per forward of the fused network with that forward's parameters (online or
     target); it runs inside the captured step, so it may only queue device work (no host
     synchronisation, no copy from the host). The backward's kernels (``gate_backward``) read
-    ``arrays``. ``include`` directories the header's own includes need besides its own;
-    ``defines`` its compile-time settings."""
+    ``backward_arrays`` in the same way (default: ``arrays``) and form the gradients of ``arrays``;
+    where they read derived arrays, the fused backward takes those its forward derived (the
+    parameters have not changed between them). ``include`` directories the header's own includes
+    need besides its own; ``defines`` its compile-time settings."""
 
     header: str
     arrays: tuple[str, ...] = ()
@@ -88,6 +90,7 @@ class GateFragment:
     defines: tuple[tuple[str, str], ...] = ()
     include: tuple[str, ...] = ()
     forward_arrays: tuple[str, ...] | None = None
+    backward_arrays: tuple[str, ...] | None = None
     derive: Any = None  # (xp, params) -> {name: array}; compared by value where it is a dataclass
 
     def __post_init__(self) -> None:
@@ -95,9 +98,10 @@ class GateFragment:
                 int(u) < 1 for u in self.unit_floats):
             raise ValueError(f"gate fragment {self.header}: up to two parameter arrays, each with a positive "
                              f"unit_floats; got arrays {self.arrays}, unit_floats {self.unit_floats}")
-        if self.forward_arrays is not None and len(self.forward_arrays) != len(self.arrays):
-            raise ValueError(f"gate fragment {self.header}: forward_arrays {self.forward_arrays} must name one "
-                             f"array per parameter array {self.arrays}")
+        for what, names in (("forward_arrays", self.forward_arrays), ("backward_arrays", self.backward_arrays)):
+            if names is not None and len(names) != len(self.arrays):
+                raise ValueError(f"gate fragment {self.header}: {what} {names} must name one "
+                                 f"array per parameter array {self.arrays}")
         if self.derive is not None and not callable(self.derive):
             raise ValueError(f"gate fragment {self.header}: derive must be callable, got "
                              f"{type(self.derive).__name__}")
@@ -112,6 +116,16 @@ class GateFragment:
         """The arrays the forward's kernels read (one per parameter array)."""
         return self.arrays if self.forward_arrays is None else self.forward_arrays
 
+    @property
+    def backward_names(self) -> tuple[str, ...]:
+        """The arrays the backward's kernels read (one per parameter array)."""
+        return self.arrays if self.backward_arrays is None else self.backward_arrays
+
+    @property
+    def backward_derives(self) -> bool:
+        """Whether the backward's kernels read arrays other than the parameters."""
+        return self.backward_arrays is not None and tuple(self.backward_arrays) != tuple(self.arrays)
+
     def forward_reads(self, xp: Any, params: Params) -> Params:
         """What the forward's kernels read: ``params`` and, with ``derive``, the arrays derived from them."""
         if self.derive is None:
@@ -125,6 +139,11 @@ class GateFragment:
     def branch_forward_arrays(self, reads: Params, branch: int) -> tuple[Array, ...]:
         """Branch ``branch``'s arrays the forward reads, from :meth:`forward_reads`'s tree."""
         return tuple(reads[name.format(d=branch)] for name in self.forward_names)
+
+    def branch_backward_arrays(self, reads: Params, branch: int) -> tuple[Array, ...]:
+        """Branch ``branch``'s arrays the backward reads, from :meth:`forward_reads`'s tree (or the
+        parameters, where it reads only those)."""
+        return tuple(reads[name.format(d=branch)] for name in self.backward_names)
 
 
 @runtime_checkable

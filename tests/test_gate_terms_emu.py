@@ -50,12 +50,12 @@ extern "C" __global__ void reduce_plain(const float* partial, int ctas, int warp
 def test_terms_reduce_sums_each_column_tiles_ctas(tmp_path, H, blocks, ctas):
     rng = np.random.default_rng()
     warps, tile, T = 8, 128, 3
-    partial = rng.normal(size=(ctas, warps, tile, T)).astype(np.float32)
+    partial = rng.normal(size=(ctas, warps, T, tile)).astype(np.float32)
     bufs = {"partial": partial, "g0": np.full((blocks * H, 2), np.nan, np.float32),
             "g1": np.full(blocks * H, np.nan, np.float32)}
     L = cuda_emu.Launch
     res = cuda_emu.run(_wrapper(tmp_path), bufs, [
-        L("reduce_plain", (blocks * H // 32, T), (32, 8),
+        L("reduce_plain", (blocks * H // 32, T), (32, 32),
           ["partial", np.int32(ctas), np.int32(warps), np.int32(tile), np.int32(H), np.int32(blocks), "g0", "g1"])])
     per_branch, col_tiles = H // tile, blocks * H // tile
     ref = np.zeros((blocks * H, T))
@@ -63,6 +63,6 @@ def test_terms_reduce_sums_each_column_tiles_ctas(tmp_path, H, blocks, ctas):
     for u in range(blocks * H):
         b, j = divmod(u, H)
         ct = b * per_branch + j // tile
-        ref[u] = p64[ct::col_tiles, :, j % tile, :].sum(axis=(0, 1))
+        ref[u] = p64[ct::col_tiles, :, :, j % tile].sum(axis=(0, 1))
     np.testing.assert_allclose(res["g0"], ref[:, :2], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(res["g1"], ref[:, 2], rtol=1e-6, atol=1e-6)

@@ -112,6 +112,9 @@ def _entries() -> list[tuple[str, list[Define]]]:
             Define("GG_UNIT_TILE", 32, "gate_glu_backward's block: units ..."),
             Define("GG_ROW_THREADS", 8, "... by threads down the rows"),
             Define("GG_ROW_BATCH", 8, "... each loading this many rows before it computes (gate_glu.cu)"),
+            Define("GT_ROW_THREADS", 32, "gate_terms_reduce's block: GG_UNIT_TILE units by this many threads "
+                                         "down the (CTA, warp) pairs ..."),
+            Define("GT_IN_FLIGHT", 8, "... each with this many loads issued before it adds them"),
         ]),
         ("wgrad_gemm.cu", [
             Define("WG_N", wg_n, "the main wgmma's N: xt's rows 0..255"),

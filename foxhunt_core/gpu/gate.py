@@ -27,6 +27,7 @@ from .launch import get_kernel as _kernel
 Array = Any
 GATE_MAX_SETS = value("GATE_MAX_SETS")
 GG_UNIT_TILE, GG_ROW_THREADS, GG_ROW_BATCH = value("GG_UNIT_TILE"), value("GG_ROW_THREADS"), value("GG_ROW_BATCH")
+GT_ROW_THREADS = value("GT_ROW_THREADS")
 GATE_ARGS = np.dtype([("p", np.uint64, (GATE_MAX_SETS, 2)), ("g", np.uint64, (GATE_MAX_SETS, 2))])
 BUILT_IN = str((KERNEL_DIR / "gate_sigmoid.cuh").resolve())
 TARGET_BLOCKS = 1024  # gate_glu_backward's blocks to aim for (several an SM: the kernel waits on memory)
@@ -104,7 +105,7 @@ class GateLaunch:
                 if len(arrays) != len(f.arrays):
                     raise ValueError(f"{k}: branch {s}'s gate {what}: {len(arrays)} arrays, the fragment reads "
                                      f"{len(f.arrays)}")
-                names = f.forward_names if what == "params" and self.grads is None else f.arrays
+                names = f.arrays if what == "grads" else f.forward_names if self.grads is None else f.backward_names
                 for a, (name, u) in enumerate(zip(names, f.unit_floats)):
                     x = arrays[a]
                     d = self.branches[s] if len(self.branches) == sets else s  # (the network's branch)
@@ -173,14 +174,16 @@ def gate_glu_backward(dh: Array, pv: Array, gate: GateLaunch, *, blocks: int = 1
 def gate_terms_reduce(partial: Array, gate: GateLaunch, *, ctas: int, warps: int, tile_cols: int, H: int,
                       blocks: int) -> None:
     """The gate's parameter gradients (into ``gate.grads``) from ``glu_backward_gemm``'s partial
-    sums ``[ctas, warps, tile_cols, terms]``, CTA ``c`` holding column tile ``c % col_tiles``."""
+    sums ``[ctas, warps, terms, tile_cols]``, CTA ``c`` holding column tile ``c % col_tiles``."""
     k = "gate_terms_reduce"
     defs, inc = gate.compile_options()
     T = gate.terms
+    if warps < 1 or GT_ROW_THREADS % warps:
+        raise ValueError(f"{k}: the partial's warps per CTA ({warps}) must divide its {GT_ROW_THREADS} rows of threads")
     if tile_cols % GG_UNIT_TILE or H % tile_cols:
         raise ValueError(f"{k}: column tiles of {tile_cols} must hold whole blocks of {GG_UNIT_TILE} units "
                          f"and divide H = {H}")
-    _kernel("gate_glu.cu", k, defs, inc)((-(-blocks * H // GG_UNIT_TILE), T), (GG_UNIT_TILE, GG_ROW_THREADS),
+    _kernel("gate_glu.cu", k, defs, inc)((-(-blocks * H // GG_UNIT_TILE), T), (GG_UNIT_TILE, GT_ROW_THREADS),
                                          (partial, i32(ctas), i32(warps), i32(tile_cols), i32(H), i32(blocks),
                                           gate.args(k, blocks, H)))
 
@@ -191,8 +194,9 @@ def branch_launch(stage: Any, params: dict, branches: Sequence[int], grads: dict
     order) with the gate's parameter tree ``params``. A forward's launch (no ``grads``) reads the
     fragment's forward arrays: ``reads`` (``fragment.forward_reads(xp, params)``, which a step
     derives once per forward and passes to every launch), derived here when not given. A
-    backward's reads the parameters and writes their gradients into ``grads``, keyed like
-    ``params``."""
+    backward's reads the fragment's backward arrays (the parameters, or from ``reads`` where it
+    reads derived arrays: the fused backward passes its forward's) and writes the parameters'
+    gradients into ``grads``, keyed like ``params``."""
     f = stage.fragment
     if grads is None:
         if reads is None:
@@ -200,7 +204,9 @@ def branch_launch(stage: Any, params: dict, branches: Sequence[int], grads: dict
         ps = tuple(f.branch_forward_arrays(reads, d) for d in branches)
         gs = None
     else:
-        ps = tuple(f.branch_arrays(params, d) for d in branches)
+        if f.backward_derives and reads is None:
+            reads = f.forward_reads(_array_module(params), params)
+        ps = tuple(f.branch_backward_arrays(reads if f.backward_derives else params, d) for d in branches)
         gs = tuple(f.branch_arrays(grads, d) for d in branches)
     return GateLaunch(f, ps, gs, stage, params, grads, tuple(branches))
 

@@ -183,6 +183,12 @@
 #ifndef GG_ROW_BATCH
 #define GG_ROW_BATCH 8  // ... each loading this many rows before it computes (gate_glu.cu)
 #endif
+#ifndef GT_ROW_THREADS
+#define GT_ROW_THREADS 32  // gate_terms_reduce's block: GG_UNIT_TILE units by this many threads down the (CTA, warp) pairs ...
+#endif
+#ifndef GT_IN_FLIGHT
+#define GT_IN_FLIGHT 8  // ... each with this many loads issued before it adds them
+#endif
 
 // wgrad_gemm.cu
 #ifndef WG_N

@@ -19,6 +19,17 @@
 //                            which inline it once per accumulator element, then loop over their
 //                            parts of a tile instead of unrolling them, to stay within the
 //                            instruction cache (default 0)
+//   GATE_TERMS_MAP 1         its terms are a linear image of the gradients, not the gradients
+//                            themselves (kan_gate's: in the spline's knot-power basis, which needs
+//                            no knot interval), with
+//   void gate_terms_to_grads(float (&t)[GATE_TERMS])
+//                            a unit's summed terms, in place, as its parameters' gradients (the
+//                            same order as the terms). The kernels apply it to each of their
+//                            partial sums before it leaves them: the map being linear, the sum of
+//                            the mapped partials is the gradient (default 0: the terms are the
+//                            gradients)
+// The parameters that gate_backward reads may be other arrays than the gradients it forms (the
+// GateFragment's backward_arrays, Python side): kan_gate's backward reads the knot-power form too.
 // The kernels sum the terms over the batch themselves (per tile in registers and shuffles, the
 // tiles' sums in a fixed order: no atomics, the same bits on every run).
 #pragma once
@@ -46,6 +57,9 @@ struct __align__(8) GateArgs {
 #ifndef GATE_LONG
 #define GATE_LONG 0
 #endif
+#ifndef GATE_TERMS_MAP
+#define GATE_TERMS_MAP 0
+#endif
 #define GATE_TERMS (GATE_UNIT0 + GATE_UNIT1)
 // The launch's parameter arrays as the fragment reads them (the wrapper's GATE_EXPECT_UNIT*: the
 // fragment's Python description).
@@ -69,4 +83,14 @@ __device__ __forceinline__ void gate_store_grad(const GateArgs& a, int set, int 
     } else {
         a.g[set][1][(long long)j * GATE_UNIT1 + (t - GATE_UNIT0)] = value;
     }
+}
+
+// A unit's partial sums of its terms as its parameters' partial gradients, in place (the
+// fragment's gate_terms_to_grads where it has one; otherwise they are already).
+__device__ __forceinline__ void gate_terms_grads(float (&t)[GATE_TERM_SLOTS]) {
+#if GATE_TERMS_MAP && GATE_TERMS > 0
+    gate_terms_to_grads(t);
+#else
+    (void)t;
+#endif
 }

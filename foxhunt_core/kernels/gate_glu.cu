@@ -78,6 +78,7 @@ extern "C" __global__ void gate_glu_backward(const float* __restrict__ dh, int l
     }
 #if GATE_TERMS > 0
     __shared__ float red[GG_ROW_THREADS][GATE_TERMS][GG_UNIT_TILE];
+    gate_terms_grads(acc);  // (the fragment's terms as gradients, where they are in another basis)
 #pragma unroll
     for (int t = 0; t < GATE_TERMS; ++t) red[threadIdx.y][t][threadIdx.x] = acc[t];
     __syncthreads();
@@ -103,34 +104,46 @@ extern "C" __global__ void gate_glu_reduce(const float* __restrict__ partial, in
 #endif
 }
 
-// glu_backward_gemm's partial [ctas][warps][tile_cols][GATE_TERMS] summed: CTA c holds column
+// glu_backward_gemm's partial [ctas][warps][GATE_TERMS][tile_cols] summed: CTA c holds column
 // tile c % col_tiles (the grid a multiple of the column tiles). Block (x, t): units x GG_UNIT_TILE
-// .. + GG_UNIT_TILE - 1 (within one column tile), term t; its GG_ROW_THREADS rows of threads take
-// the (CTA, warp) pairs of that tile in turn, each summing every GG_ROW_THREADS-th, and the rows'
-// sums are added in row order: a fixed order, and a chain of a few dozen loads per thread where
-// a thread per (unit, term) walking them all took 70-150 us at 65536 rows.
+// .. + GG_UNIT_TILE - 1 (within one column tile), term t. Its GT_ROW_THREADS rows of threads split
+// the tile's (CTA, warp) pairs: row y takes warp y % warps of every (GT_ROW_THREADS / warps)-th
+// CTA from CTA y / warps on (warps dividing GT_ROW_THREADS: the wrapper checks), and the rows'
+// sums are added in row order: a fixed order. A warp's loads are one term of 32 consecutive units
+// (128 contiguous bytes), GT_IN_FLIGHT of them issued before their sums, at addresses a pointer
+// step apart. With 8 rows of threads, the units' terms 36 bytes apart, a division for every
+// pair's CTA and each load awaited before the next, the two launches of an update took 17 us at
+// 16384 rows; a thread per (unit, term) walking all the pairs took 70-150 us at 65536 rows.
 __device__ __forceinline__ void terms_reduce(const float* __restrict__ partial, int ctas, int warps, int tile_cols,
                                              int H, int blocks, const GateArgs& gate) {
 #if GATE_TERMS > 0
-    __shared__ double red[GG_ROW_THREADS][GG_UNIT_TILE];
+    __shared__ double red[GT_ROW_THREADS][GG_UNIT_TILE];
     const int u = blockIdx.x * GG_UNIT_TILE + threadIdx.x, t = blockIdx.y, units = blocks * H;
     const int per_branch = H / tile_cols, col_tiles = blocks * per_branch;
     const int u0 = blockIdx.x * GG_UNIT_TILE;  // (the block's column tile: its first unit's; the grid covers the units)
     const int ct = (u0 / H) * per_branch + (u0 % H) / tile_cols;
-    const int pairs = (ctas - ct + col_tiles - 1) / col_tiles * warps;  // (CTA, warp) pairs of the tile
+    const int n = (ctas - ct + col_tiles - 1) / col_tiles;  // the tile's CTAs: ct, ct + col_tiles, ...
+    const int w = threadIdx.y % warps, stride = GT_ROW_THREADS / warps;
     double s = 0.0;
     if (u < units) {
-        const int c_in = (u % H) % tile_cols;
-        for (int i = threadIdx.y; i < pairs; i += GG_ROW_THREADS) {
-            const int c = ct + (i / warps) * col_tiles, w = i % warps;
-            s += (double)partial[(((long long)c * warps + w) * tile_cols + c_in) * GATE_TERMS + t];
+        const long long pitch = (long long)GATE_TERMS * tile_cols;  // one (CTA, warp) pair's sums to the next
+        const long long step = (long long)stride * col_tiles * warps * pitch;  // this row's CTA to its next
+        const float* at = partial + ((long long)(ct + (int)threadIdx.y / warps * col_tiles) * warps + w) * pitch
+                          + (long long)t * tile_cols + (u % H) % tile_cols;
+        for (int j0 = threadIdx.y / warps; j0 < n; j0 += GT_IN_FLIGHT * stride, at += GT_IN_FLIGHT * step) {
+            float v[GT_IN_FLIGHT];
+#pragma unroll
+            for (int k = 0; k < GT_IN_FLIGHT; ++k) v[k] = j0 + k * stride < n ? __ldg(at + k * step) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < GT_IN_FLIGHT; ++k)
+                if (j0 + k * stride < n) s += (double)v[k];
         }
     }
     red[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && u < units) {
         double total = 0.0;
-        for (int y = 0; y < GG_ROW_THREADS; ++y) total += red[y][threadIdx.x];
+        for (int y = 0; y < GT_ROW_THREADS; ++y) total += red[y][threadIdx.x];
         gate_store_grad(gate, u / H, u % H, t, (float)total);
     }
 #endif

@@ -41,7 +41,7 @@
 // part at a time (each lane keeps one column of the part's eight, with all its terms), and into
 // accumulators that the lane keeps over every tile of the kernel: with a grid that is a multiple
 // of the column tiles (the wrapper's), a CTA's tiles are all of one column tile. At the end every
-// warp writes its sums, [CTA][warp][column of the tile][term], and gate_terms_reduce (gate_glu.cu)
+// warp writes its sums, [CTA][warp][term][column of the tile], and gate_terms_reduce (gate_glu.cu)
 // adds them up in a fixed order: the same bits on every run, no atomics.
 //
 // Requirements (checked by the wrapper, foxhunt_core/gpu/kernels.py glu_backward_gemm): the tensor
@@ -285,10 +285,12 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
                     const float dg1 = gate_backward(g1, gate_unit(gate, b, unit + 1), dh1, v1, &s1, t1);
                     const float dv0 = dh0 * s0, dv1 = dh1 * s1;
 #if GATE_TERMS > 0
-                    if (m0 + r0 + 8 * half < M)  // (rows past M: TMA's zero fill, terms of no element)
+                    // Rows past M (TMA's zero fill: dh, x and v all 0) add terms of 0 (gate.cuh: terms
+                    // are 0 where dh is), so the sums take every row without a branch, which would
+                    // keep the compiler from fusing a fragment's products into these additions.
 #pragma unroll
-                        for (int t = 0; t < GATE_TERMS; ++t)
-                            pt[2 * (jj % 2)][t] += t0[t], pt[2 * (jj % 2) + 1][t] += t1[t];
+                    for (int t = 0; t < GATE_TERMS; ++t)
+                        pt[2 * (jj % 2)][t] += t0[t], pt[2 * (jj % 2) + 1][t] += t1[t];
 #endif
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(ag), "f"(dg0), "f"(dg1) : "memory");
                     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(av), "f"(dv0), "f"(dv1) : "memory");
@@ -350,13 +352,15 @@ glu_backward_gemm(const __grid_constant__ GluBackArgs args, int M, int K, int H,
 #endif
     }
 #if GATE_TERMS > 0
-    // This warp's sums over the CTA's tiles: [CTA][warp][column of the tile][term].
+    // This warp's sums over the CTA's tiles: [CTA][warp][term][column of the tile] (for each part
+    // and term the warp's lanes own the part's 32 columns: one 128-byte store).
+    // The fragment's terms mapped to gradients first where they are in another basis (gate.cuh).
+    float* o = gate_partial + ((long long)blockIdx.x * TC_CONSUMER_WARPS + warp) * GATE_TERMS * GB_BH;
 #pragma unroll
     for (int x = 0; x < GB_PARTS; ++x) {
-        const int c = 32 * x + gate_own_column(g, q);
-        float* o = gate_partial + (((long long)blockIdx.x * TC_CONSUMER_WARPS + warp) * GB_BH + c) * GATE_TERMS;
+        gate_terms_grads(own[x]);
 #pragma unroll
-        for (int t = 0; t < GATE_TERMS; ++t) o[t] = own[x][t];
+        for (int t = 0; t < GATE_TERMS; ++t) o[t * GB_BH + 32 * x + gate_own_column(g, q)] = own[x][t];
     }
 #endif
     cluster_sync();

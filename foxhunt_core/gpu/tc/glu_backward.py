@@ -155,7 +155,7 @@ def glu_backward_gemm(dadv: Sequence[Array], wo: Sequence[Array], pv: Array, *, 
     partial = None
     if terms:  # a CTA's tiles all of one column tile (its sums are that tile's)
         grid = max(col_tiles, grid // col_tiles * col_tiles)
-        partial = cupy.empty((grid, GLU_BACKWARD_GEMM_WARPS, GLU_GEMM_COLS, terms), dtype=np.float32)
+        partial = cupy.empty((grid, GLU_BACKWARD_GEMM_WARPS, terms, GLU_GEMM_COLS), dtype=np.float32)
     fn((grid,), (GLU_BACKWARD_GEMM_THREADS,),
        (args, i32(M), i32(Kd), i32(H), i32(sets), dq, i32(ld_dq), wq, i32(ld_wq), i32(dq_set), gate_args, partial),
        shared_mem=smem)

@@ -257,8 +257,9 @@ class Backward:
         # dq (below) in glu_backward_gemm's epilogue, from the magnitude branch's gradients there.
         dq_in_gemm = tc_dh and self.use_zq and MAGNITUDE in g and bool(plan.glu_backward_dq)
         launch = None  # the gate's fragment (None: the sigmoid), its gradients written into ggate_slots
+        reads = c.get("gate_reads")  # (what the forward derived from these parameters, where the backward reads it)
         if plan.gate_fast and not plan.gate_built_in:
-            launch = K.branch_launch(net.gate, self.gp, g, self.gate_grads())
+            launch = K.branch_launch(net.gate, self.gp, g, self.gate_grads(), reads=reads)
         if tc_dh:  # dh never reaches memory: the gate's backward in the epilogue of dh's GEMM
             sets = K.GLU_BACKWARD_GEMM_SETS
             for i in range(0, n, sets):
@@ -273,7 +274,7 @@ class Backward:
                     q_kw = {"dq": self.dq_z[:, :n_dir], "wq": self.block(ghome)[H2 : H2 + n_dir, c0 : c0 + 2 * H],
                             "dq_set": part.index(MAGNITUDE)}
                 if launch is not None:  # the part's branches
-                    q_kw["gate"] = K.branch_launch(net.gate, self.gp, part, self.gate_grads())
+                    q_kw["gate"] = K.branch_launch(net.gate, self.gp, part, self.gate_grads(), reads=reads)
                 K.glu_backward_gemm([dadv[:, hcol[d] : hcol[d + 1]] for d in part], wos,
                                     dpv[:, 2 * H * i : 2 * H * (i + len(part))],
                                     config=plan.knobs.glu_backward_gemm_config, **q_kw)

@@ -146,7 +146,7 @@ class ForwardGroup:
         self.heads_wanted = any(HEADS in w for w in self.wants)
 
         # What the gate's fragment reads in the forward: its parameters and what it derives from
-        # them, once for every branch group (the backward reads the parameters)
+        # them, once for every branch group (kept in the cache for a backward that reads the same)
         gate_reads = None
         if plan.gate_fast and not plan.gate_built_in:
             gate_reads = net.gate.fragment.forward_reads(xp, self.params.get(net.gate.name, {}))
@@ -222,7 +222,8 @@ class ForwardGroup:
             cache = None
             if self.keep_cache and i == 0:
                 cache = dict(fused=True, x=x[:B], h1=h1[:B], h2=h2[:B], m=m, z=z[:B], pv=pv_all[:B], h=h_all[:B],
-                             branches=branches, q=res["q"][:B], extra_cols=extra_cols, extra_caches=extra_caches)
+                             branches=branches, q=res["q"][:B], extra_cols=extra_cols, extra_caches=extra_caches,
+                             gate_reads=gate_reads)
             # The kernel returns normalised logits (log-probabilities); they differ from the raw
             # dueling logits by a per-distribution constant, which no consumer depends on.
             lp = part("log_probs")

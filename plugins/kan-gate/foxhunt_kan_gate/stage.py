@@ -6,9 +6,9 @@ initialised to ``residual_init``. On CuPy float32 inputs the stage runs the CUDA
 (:mod:`.cuda`); otherwise the array-operation twin (:mod:`.gate`) on NumPy or CuPy. Its CUDA
 fragment (:attr:`KanGateStage.fragment`, ``kernels/kan_fragment.cuh``) is what the core compiles
 into its fused GLU kernels on the GPU; there the stage's own kernels run only on the slow path.
-In the forward the fragment reads each branch's spline in the knot-power form (``b{d}.power``,
-derived from the coefficients before each forward: :class:`KnotPower`); the backward reads the
-coefficients and forms their gradients.
+The fragment reads each branch's spline in the knot-power form (``b{d}.power``, derived from the
+coefficients before each forward: :class:`KnotPower`; the fused backward takes its forward's) and
+forms the coefficients' gradients (its terms in the knot-power basis, mapped back per unit).
 """
 
 from __future__ import annotations
@@ -97,8 +97,10 @@ class KanGateStage:
         defs = defines(self.grid)
         return GateFragment(str(FRAGMENT), arrays=("b{d}.coeff", "b{d}.residual"),
                             unit_floats=(self.grid.num_bases, 1),
-                            defines=tuple((k, defs[k]) for k in ("KG_NUM_BASES", "KG_GRID_LO", "KG_GRID_HI")),
-                            forward_arrays=("b{d}.power", "b{d}.residual"), derive=KnotPower(self.grid))
+                            defines=tuple((k, defs[k]) for k in ("KG_NUM_BASES", "KG_GRID_LO", "KG_GRID_HI",
+                                                                 "KG_POWER_MAP")),
+                            forward_arrays=("b{d}.power", "b{d}.residual"),
+                            backward_arrays=("b{d}.power", "b{d}.residual"), derive=KnotPower(self.grid))
 
     def init_params(self, widths: tuple[int, ...], rng: np.random.Generator) -> Params:
         c = initial_fit(self.grid).coefficients

@@ -1,13 +1,16 @@
 """kan_gate's fragment (``kernels/kan_fragment.cuh``) element by element on the CPU, through
 foxhunt_core.testing.cuda_emu, against the spline's dense NumPy oracle: the gate, d loss / d pre
 and every parameter-gradient term (the per-element terms that glu_backward_gemm sums), on inputs
-in every knot interval, on the knots, at the grid's ends and outside it. The forward (gate_value)
-reads the units' knot-power floats (the stage's derive, KnotPower, in float64 rounded once, as the
-``kan_power`` kernel writes them), the backward their coefficients; the oracle is the B-spline form
-of the coefficients.
+in every knot interval, on the knots, at the grid's ends and outside it. Both the forward
+(gate_value) and the backward (gate_backward) read the units' knot-power floats (the stage's
+derive, KnotPower, in float64 rounded once, as the ``kan_power`` kernel writes them); the oracle is
+the B-spline form of the coefficients. The backward's terms are in the knot-power basis: they are
+checked as they are (against ``md`` times spline.knot_terms) and through the fragment's map to the
+coefficients' gradients (gate_terms_to_grads, which the kernels apply to their sums), against
+``md`` times the B-spline bases.
 
-Grids of 4 to 12 bases (the terms' shift to the span in one to three steps). The GPU runs the
-same source inside the GEMM epilogues (test_kan_gate_gpu.py compares those with the twin).
+Grids of 4 to 12 bases. The GPU runs the same source inside the GEMM epilogues
+(test_kan_gate_gpu.py and tests/gpu/test_gpu_gate_fragments.py compare those with the twin).
 """
 
 from __future__ import annotations
@@ -35,20 +38,22 @@ static inline int max(int a, int b) {{ return a > b ? a : b; }}
 #define GATE_HEADER "{KERNELS / 'kan_fragment.cuh'}"
 #include "{CORE_KERNELS / 'gate.cuh'}"
 // Element i of unit i % units: its gate (forward and backward), d loss / d pre and terms.
+// (mapped: the element's terms through gate_terms_grads, as the kernels map their sums)
 extern "C" __global__ void probe(const float* x, const float* dh, const float* v, const float* power,
-                                 const float* coeff, const float* residual, int n, int units, float* gate_f,
-                                 float* gate_b, float* dpre, float* terms) {{
+                                 const float* residual, int n, int units, float* gate_f,
+                                 float* gate_b, float* dpre, float* terms, float* mapped) {{
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    GateUnit f, u;  // the forward's arrays and the backward's
-    f.p0 = power + (long long)(i % units) * GATE_UNIT0;
-    u.p0 = coeff + (long long)(i % units) * GATE_UNIT0;
-    f.p1 = u.p1 = residual + i % units;
-    gate_f[i] = gate_value(x[i], f);
+    GateUnit u;  // the forward and the backward read the same arrays
+    u.p0 = power + (long long)(i % units) * GATE_UNIT0;
+    u.p1 = residual + i % units;
+    gate_f[i] = gate_value(x[i], u);
     float g, t[GATE_TERMS];
     dpre[i] = gate_backward(x[i], u, dh[i], v[i], &g, t);
     gate_b[i] = g;
     for (int k = 0; k < GATE_TERMS; ++k) terms[(long long)i * GATE_TERMS + k] = t[k];
+    gate_terms_grads(t);
+    for (int k = 0; k < GATE_TERMS; ++k) mapped[(long long)i * GATE_TERMS + k] = t[k];
 }}
 """)
     return cu
@@ -80,14 +85,14 @@ def test_fragment_matches_the_oracle_per_element(tmp_path, grid):
     T = nb + 1
     power = KnotPower(grid)(np, {"b0.coeff": coeff})["b0.power"]
     assert power.dtype == np.float32 and power.shape == coeff.shape
-    bufs = {"x": x, "dh": dh, "v": v, "power": power, "coeff": coeff, "residual": residual,
+    bufs = {"x": x, "dh": dh, "v": v, "power": power, "residual": residual,
             **{k: np.full(n, np.nan, np.float32) for k in ("gate_f", "gate_b", "dpre")},
-            "terms": np.full(n * T, np.nan, np.float32)}
+            **{k: np.full(n * T, np.nan, np.float32) for k in ("terms", "mapped")}}
     defs = {k: v for k, v in defines(grid).items() if k.startswith("KG_")}
     L = cuda_emu.Launch
     res = cuda_emu.run(_probe(tmp_path), bufs, [
-        L("probe", -(-n // 64), 64, ["x", "dh", "v", "power", "coeff", "residual", np.int32(n), np.int32(units),
-                                     "gate_f", "gate_b", "dpre", "terms"])], defines=defs)
+        L("probe", -(-n // 64), 64, ["x", "dh", "v", "power", "residual", np.int32(n), np.int32(units),
+                                     "gate_f", "gate_b", "dpre", "terms", "mapped"])], defines=defs)
 
     x64 = x.astype(np.float64)
     c = coeff.astype(np.float64)[np.arange(n) % units]
@@ -97,7 +102,7 @@ def test_fragment_matches_the_oracle_per_element(tmp_path, grid):
     gate = np.clip(raw, 0.0, 1.0)
     md = np.where((raw > 0.0) & (raw < 1.0), dh.astype(np.float64) * v, 0.0)
     dpre = md * ((S * c).sum(axis=1) + r)
-    terms = np.concatenate([md[:, None] * B, (md * x64)[:, None]], axis=1)
+    grads = np.concatenate([md[:, None] * B, (md * x64)[:, None]], axis=1)
 
     # The knot-power form in float32 loses what its terms' magnitudes allow (their sum cancels to
     # the spline's value; the more intervals, the larger the outer terms): per element, a bound of
@@ -105,14 +110,21 @@ def test_fragment_matches_the_oracle_per_element(tmp_path, grid):
     eps = 2.0**-24
     u = (np.clip(x64, grid.lo, grid.hi) - grid.lo) / grid.step
     p = power.astype(np.float64)[np.arange(n) % units]
-    size = np.abs(p * np.stack(knot_terms(np, u, grid), axis=1)).sum(axis=1) + np.abs(r * x64)
+    phi = np.stack(knot_terms(np, u, grid), axis=1)
+    size = np.abs(p * phi).sum(axis=1) + np.abs(r * x64)
     _close(res["gate_f"], gate, 1e-5, 1e-6 + 32 * eps * size)
-    np.testing.assert_allclose(res["gate_b"], gate, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(res["dpre"], dpre, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(res["terms"].reshape(n, T), terms, rtol=1e-4, atol=1e-6)
-    # the terms of a basis outside the element's four are exactly 0 (not merely small)
-    far = B == 0.0
-    assert np.all(res["terms"].reshape(n, T)[:, :nb][far] == 0.0)
+    # the backward's gate is the forward's, bit for bit (the same arithmetic)
+    np.testing.assert_array_equal(res["gate_b"], res["gate_f"])
+    # its slope: the knot-power form's, so within what that form's terms allow, as the value
+    slope_size = (np.abs(p[:, 1]) + 2 * np.abs(p[:, 2] * phi[:, 1]) + 3 * np.abs(p[:, 3] * phi[:, 2])
+                  + 3 * (np.abs(p[:, 4:]) * np.abs(phi[:, 4:]) ** (2 / 3)).sum(axis=1) + np.abs(r) * grid.step)
+    _close(res["dpre"], dpre, 1e-4, 1e-5 + 32 * eps * np.abs(md) * slope_size / grid.step)
+    # the terms: md times the knot-power basis and md x; mapped, md times the B-spline bases
+    want = np.concatenate([md[:, None] * phi, (md * x64)[:, None]], axis=1)
+    np.testing.assert_allclose(res["terms"].reshape(n, T), want, rtol=1e-5, atol=1e-6)
+    _close(res["mapped"].reshape(n, T), grads, 1e-4, 1e-6 + 32 * eps * (np.abs(md) * np.abs(phi).sum(axis=1))[:, None])
+    # where the element's clamp bites, its terms are exactly 0 (no gradient flows)
+    assert np.all(res["mapped"].reshape(n, T)[md == 0.0] == 0.0)
     # the clamp's both sides and the interior were all exercised
     assert (raw <= 0.0).any() and (raw >= 1.0).any() and ((raw > 0.0) & (raw < 1.0)).sum() > 50
 

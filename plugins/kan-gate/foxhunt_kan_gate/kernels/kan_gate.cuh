@@ -114,28 +114,97 @@ __device__ __forceinline__ KanPower kan_power_load(const float* c) {
     return w;
 }
 
-// u = (clamp(x, lo, hi) - lo) / h in [0, G] (a NaN input lands at lo, as in kan_locate)
-__device__ __forceinline__ float kan_u(float x) {
+// s = u - (m + 1/2), u = (clamp(x, lo, hi) - lo) / h in [0, G]: the centred argument of the
+// knot-power form, in one multiply-add (a NaN input lands at lo, as in kan_locate).
+__device__ __forceinline__ float kan_s(float x) {
     const float inv_step = (float)KG_INTERVALS / (KG_GRID_HI - KG_GRID_LO);
-    return (fminf(fmaxf(x, KG_GRID_LO), KG_GRID_HI) - KG_GRID_LO) * inv_step;
+    return fmaf(fminf(fmaxf(x, KG_GRID_LO), KG_GRID_HI), inv_step,
+                -KG_GRID_LO * inv_step - ((float)KG_MID + 0.5f));
 }
 
-// The spline S(u) (the residual term and the clamp are the caller's).
-__device__ __forceinline__ float kan_power_spline(const KanPower& w, float u) {
-    const float s = u - ((float)KG_MID + 0.5f);
+// The truncated cubes in pairs: right knot m + 1 + i sits at s = 1/2 + i, left knot m - i at
+// s = -(1/2 + i), so the pair's cube is (|s| - 1/2 - i)_+^3 times d_{m+1+i} where s > 0 and
+// e_{m-i} where not (the other's is 0 there): one cube a pair, its coefficient a select. The right
+// side has one knot more than the left where G is even (KG_RIGHT - KG_LEFT: 0 or 1).
+#define KG_PAIRS KG_LEFT
+
+// The spline S at s (the residual term and the clamp are the caller's).
+__device__ __forceinline__ float kan_power_spline(const KanPower& w, float s) {
     float raw = fmaf(fmaf(fmaf(w.p[3], s, w.p[2]), s, w.p[1]), s, w.p[0]);
+    const bool right = s > 0.0f;
 #pragma unroll
-    for (int i = 0; i < KG_RIGHT; ++i) {
-        const float t = fmaxf(u - (float)(KG_MID + 1 + i), 0.0f);
-        raw = fmaf(w.p[4 + i] * t, t * t, raw);
+    for (int i = 0; i < KG_PAIRS; ++i) {
+        const float t = fmaxf(fabsf(s) - (0.5f + (float)i), 0.0f);
+        raw = fmaf((right ? w.p[4 + i] : w.p[4 + KG_RIGHT + i]) * t, t * t, raw);
     }
 #pragma unroll
-    for (int i = 0; i < KG_LEFT; ++i) {
-        const float t = fmaxf((float)(KG_MID - i) - u, 0.0f);
-        raw = fmaf(w.p[4 + KG_RIGHT + i] * t, t * t, raw);
+    for (int i = KG_PAIRS; i < KG_RIGHT; ++i) {
+        const float t = fmaxf(s - (0.5f + (float)i), 0.0f);
+        raw = fmaf(w.p[4 + i] * t, t * t, raw);
     }
     return raw;
 }
+
+// The spline at s with what its backward needs: the value S (kan_power_spline's arithmetic, bit
+// for bit), its slope dS/du, and the knot-power basis phi_j (spline.knot_terms' order: 1, s, s^2,
+// s^3, the right cubes, the left cubes), whose sums against d loss / d S are the knot-power
+// floats' gradients (the coefficients': through the map's transpose, kan_terms_to_grads).
+struct KanPowerPoint {
+    float value, slope;
+    float phi[KG_NUM_BASES];
+};
+
+__device__ __forceinline__ KanPowerPoint kan_power_point(const KanPower& w, float s) {
+    KanPowerPoint q;
+    const float s2 = s * s;
+    float raw = fmaf(fmaf(fmaf(w.p[3], s, w.p[2]), s, w.p[1]), s, w.p[0]);
+    const float poly = fmaf(fmaf(3.0f * w.p[3], s, 2.0f * w.p[2]), s, w.p[1]);  // its slope
+    const bool right = s > 0.0f;
+    float pairs = 0.0f, extra = 0.0f;  // the cubes' slopes / 3: sum c t^2 (a left cube's falls), the extra knots'
+    q.phi[0] = 1.0f, q.phi[1] = s, q.phi[2] = s2, q.phi[3] = s2 * s;
+#pragma unroll
+    for (int i = 0; i < KG_PAIRS; ++i) {
+        const float t = fmaxf(fabsf(s) - (0.5f + (float)i), 0.0f), t2 = t * t, c = right ? w.p[4 + i] : w.p[4 + KG_RIGHT + i];
+        raw = fmaf(c * t, t2, raw);
+        pairs = fmaf(c, t2, pairs);
+        const float cube = t2 * t;
+        q.phi[4 + i] = right ? cube : 0.0f;
+        q.phi[4 + KG_RIGHT + i] = right ? 0.0f : cube;
+    }
+#pragma unroll
+    for (int i = KG_PAIRS; i < KG_RIGHT; ++i) {
+        const float t = fmaxf(s - (0.5f + (float)i), 0.0f), t2 = t * t;
+        raw = fmaf(w.p[4 + i] * t, t2, raw);
+        extra = fmaf(w.p[4 + i], t2, extra);
+        q.phi[4 + i] = t2 * t;
+    }
+    q.value = raw;
+    q.slope = fmaf(3.0f, (right ? pairs : -pairs) + extra, poly);
+    return q;
+}
+
+#ifdef KG_POWER_MAP
+// A unit's sums of md phi_j (the knot-power floats' gradients) as its coefficients' gradients, in
+// place: p = c M (spline.knot_power_map, compiled in as KG_POWER_MAP), so d/dc = M d/dp. In float32:
+// the map's entries are at most 1 and the sums' float32 error survives it about as it is
+// (docs/benchmark-history.md, 2026-12-04: 1e-6 of the gradient's norm against float64).
+__device__ __forceinline__ void kan_terms_to_grads(float* t) {
+    constexpr double m[KG_NUM_BASES * KG_NUM_BASES] = KG_POWER_MAP;
+    float p[KG_NUM_BASES];
+#pragma unroll
+    for (int j = 0; j < KG_NUM_BASES; ++j) p[j] = t[j];
+#pragma unroll
+    for (int k = 0; k < KG_NUM_BASES; ++k) {
+        float g = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KG_NUM_BASES; ++j) {
+            const double e = m[k * KG_NUM_BASES + j];  // (the map's zeros come out of its solve as 1e-14 or so)
+            if (e > 1e-9 || e < -1e-9) g = fmaf((float)e, p[j], g);
+        }
+        t[k] = g;
+    }
+}
+#endif
 
 // clamp(raw, 0, 1) that lets NaN through (fminf/fmaxf would turn it into 0 or 1)
 __device__ __forceinline__ float kan_clamp01(float raw) {
