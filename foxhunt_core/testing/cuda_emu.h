@@ -206,7 +206,7 @@ inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fdividef(float a, float b) { return a / b; }
-inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __saturatef(float x) { return x > 0.0f ? (x > 1.0f ? 1.0f : x) : 0.0f; }  // (NaN: 0, as CUDA's)
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __int_as_float(int i) { return emu::from_bits<float>((uint32_t)i); }
 inline int __float_as_int(float f) { return (int)(uint32_t)emu::to_bits(f); }

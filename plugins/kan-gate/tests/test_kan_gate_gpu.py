@@ -63,6 +63,21 @@ def _twin(grid: Grid, pre, coeff, residual):
 _rel = host_relative_error
 
 
+
+def test_forward_kernel_clamps_and_lets_nan_through(cp):
+    """The device's clamp (NaN-propagating min and max): a NaN input gives a NaN gate, raw gates
+    past 0 and 1 give exactly 0 and 1, as the twin's."""
+    grid = Grid()
+    pre = np.array([[np.nan, 0.0, 3.0, -3.0]], np.float32)
+    coeff = np.tile(initial_fit(grid).coefficients, (4, 1)).astype(np.float32)
+    residual = np.array([0.0, 0.0, 1.0, 1.0], np.float32)  # raw past 1 at 3, below 0 at -3
+    out = cp.full(pre.shape, 0.25, dtype=cp.float32)
+    host = forward_cuda(grid, cp.asarray(coeff), cp.asarray(residual), cp.asarray(pre), out=out).get()
+    ref, *_ = _twin(grid, pre, coeff, residual)
+    assert np.isnan(host[0, 0]) and np.isnan(ref[0, 0])
+    assert host[0, 2] == 1.0 and host[0, 3] == 0.0 and ref[0, 2] == 1.0 and ref[0, 3] == 0.0
+    assert host[0, 1] == pytest.approx(ref[0, 1], abs=1e-6)
+
 @pytest.mark.parametrize("grid", GRIDS, ids=str)
 @pytest.mark.parametrize(("rows", "width"), SHAPES)
 def test_forward_matches_twin(cp, rng, grid, rows, width):
