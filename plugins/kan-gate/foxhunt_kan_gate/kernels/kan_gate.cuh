@@ -1,8 +1,8 @@
 // The KAN spline gate of one GLU unit as device functions: its value from the pre-activation and
-// the unit's parameters, its derivative, and the unit's parameter-gradient terms. Included by the
-// plugin's standalone kernels (kan_gate.cu) and meant for a GEMM epilogue, which calls
-// kan_gate_value per output element in the forward and kan_gate_grad + kan_accumulate in the
-// backward (reducing the accumulators over its rows itself, without per-element atomics).
+// the unit's parameters, its derivative, and the unit's parameter-gradient terms. Two forms: the
+// B-spline form at x's knot interval (kan_gate_value, kan_gate_grad + kan_accumulate), which the
+// plugin's standalone kernels (kan_gate.cu) use, and the knot-power form below, which the fused
+// GLU kernels' epilogues evaluate through kan_fragment.cuh (no interval looked for).
 //
 // Per unit: coefficients c[0 .. KG_NUM_BASES - 1] of uniform cubic B-splines whose
 // KG_NUM_BASES - 3 knot intervals cover [KG_GRID_LO, KG_GRID_HI], and a residual weight r:
@@ -61,25 +61,6 @@ __device__ __forceinline__ float kan_raw(float x, const float* c, float r, const
     float raw = r * x;
 #pragma unroll
     for (int j = 0; j < 4; ++j) raw += c[p.span + j] * p.b[j];
-    return raw;
-}
-
-// The unit's four coefficients c[span .. span + 3] that x's point needs, as the GEMM epilogues
-// read them: through the read-only data path (the coefficients do not change during a kernel).
-// Reading the unit's KG_NUM_BASES coefficients as whole float4s (addresses independent of x) and
-// picking the window by selects was slower in both GLU kernels (benchmarks/bench_gate_epilogue.py,
-// 2026-12-02: glu_gemm 1.75x the sigmoid's time against 1.40x, glu_backward_gemm 5.7x against 5.1x
-// at 65536 rows): more live registers, for loads that hit L1 either way.
-__device__ __forceinline__ void kan_window(const float* c, int span, float (&w)[4]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = __ldg(c + span + j);
-}
-
-// kan_raw with the window of kan_window: the same sum in the same order.
-__device__ __forceinline__ float kan_raw_window(float x, const float (&w)[4], float r, const KanPoint& p) {
-    float raw = r * x;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) raw += w[j] * p.b[j];
     return raw;
 }
 
@@ -186,8 +167,8 @@ __device__ __forceinline__ KanPowerPoint kan_power_point(const KanPower& w, floa
 #ifdef KG_POWER_MAP
 // A unit's sums of md phi_j (the knot-power floats' gradients) as its coefficients' gradients, in
 // place: p = c M (spline.knot_power_map, compiled in as KG_POWER_MAP), so d/dc = M d/dp. In float32:
-// the map's entries are at most 1 and the sums' float32 error survives it about as it is
-// (docs/benchmark-history.md, 2026-12-04: 1e-6 of the gradient's norm against float64).
+// the map's entries are at most 1, so the sums' float32 error passes through it about as it is
+// (tests/test_kan_fragment_emu.py bounds the mapped terms per element against the B-spline's).
 __device__ __forceinline__ void kan_terms_to_grads(float* t) {
     constexpr double m[KG_NUM_BASES * KG_NUM_BASES] = KG_POWER_MAP;
     float p[KG_NUM_BASES];
